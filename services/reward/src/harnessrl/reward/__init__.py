@@ -1,0 +1,1 @@
+"""harnessrl reward service."""

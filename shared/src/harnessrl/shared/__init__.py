@@ -1,0 +1,1 @@
+"""harnessrl.shared: contracts, subjects, bus client, settings, logging, keys and test fixtures."""

@@ -1,0 +1,303 @@
+"""Event contracts: every message that crosses the bus, defined once.
+
+All messages are frozen, keyword-only msgspec Structs encoded as msgpack. Each carries a `schema`
+version; a consumer that reads a version it does not know raises `ContractError` instead of guessing.
+Episode events form one tagged union (`kind` field) so a single stream holds the whole lifecycle.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+ApiKind = Literal["chat", "completions", "responses", "messages"]
+SpanStatus = Literal["ok", "aborted", "error"]
+FailureCause = Literal["infra", "agent", "timeout", "reward-error"]
+RunMode = Literal["sync", "async"]
+
+
+class ContractError(ValueError):
+    """A payload is not a valid message of the expected type or schema version."""
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every bus message: carries the schema version."""
+
+    schema: int = SCHEMA_VERSION
+
+
+def now() -> float:
+    """Wall-clock time in seconds since the epoch, the timestamp format of every contract."""
+    return time.time()
+
+
+# --- spans -----------------------------------------------------------------------------------------
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """Token usage of one LLM call as reported upstream."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Completion(msgspec.Struct, frozen=True, kw_only=True):
+    """One sampled choice: exactly the token ids vLLM sampled, with their logprobs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None = None
+    text: str = ""
+
+
+class Span(Message, frozen=True, kw_only=True):
+    """One LLM call of one episode, captured token by token by the gateway.
+
+    The prompt is delta-encoded against the episode's previous call (`parent_span`): the prompt is
+    the parent's prompt + first completion truncated to `prefix_len` tokens, followed by
+    `prompt_suffix_ids`. A first call has no parent and `prefix_len == 0`. `prompt_len` is the full
+    prompt length, so a decoder can check its reconstruction.
+    """
+
+    span_id: str
+    run: str
+    episode: str
+    seq: int
+    api: ApiKind
+    stream: bool = False
+    status: SpanStatus = "ok"
+    model: str = ""
+    request: dict[str, Any] = msgspec.field(default_factory=dict)
+    parent_span: str | None = None
+    prefix_len: int = 0
+    prompt_suffix_ids: list[int] = msgspec.field(default_factory=list)
+    prompt_len: int = 0
+    completions: list[Completion] = msgspec.field(default_factory=list)
+    weight_version_start: int = 0
+    weight_version_end: int = 0
+    upstream: str = ""
+    started_at: float = 0.0
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    usage: Usage = msgspec.field(default_factory=Usage)
+    error: str | None = None
+
+
+# --- episode lifecycle -----------------------------------------------------------------------------
+
+
+class ArtifactRef(msgspec.Struct, frozen=True, kw_only=True):
+    """What a harness produced: inline bytes when small, else a JetStream object-store reference."""
+
+    kind: Literal["patch", "answer", "file"] = "patch"
+    size: int = 0
+    sha256: str = ""
+    inline: bytes | None = None
+    object_name: str | None = None
+
+
+class EpisodeEventBase(Message, frozen=True, kw_only=True, tag_field="kind"):
+    """Fields every lifecycle event shares."""
+
+    run: str
+    episode: str
+    task: str
+    group: str
+    attempt: int = 0
+    at: float = msgspec.field(default_factory=now)
+
+
+class EpisodeScheduled(EpisodeEventBase, frozen=True, kw_only=True, tag="scheduled"):
+    """The controller accepted the episode and will launch it."""
+
+    launcher: str = "local"
+    expected_version: int = 0
+
+
+class EpisodeStarted(EpisodeEventBase, frozen=True, kw_only=True, tag="started"):
+    """The harness process or Job is running."""
+
+    where: str = ""
+
+
+class AgentExited(EpisodeEventBase, frozen=True, kw_only=True, tag="agent_exited"):
+    """The harness finished; `artifact` is what it left for grading."""
+
+    exit_code: int | None = None
+    artifact: ArtifactRef | None = None
+    task_spec: TaskSpec | None = None
+
+
+class EpisodeScored(EpisodeEventBase, frozen=True, kw_only=True, tag="scored"):
+    """The reward service graded the artifact."""
+
+    reward: float
+    resolved: bool | None = None
+    outcome: str = "graded"
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class EpisodeCompleted(EpisodeEventBase, frozen=True, kw_only=True, tag="completed"):
+    """Terminal: the episode is graded and its rollout goes to the trainer."""
+
+    reward: float
+    span_count: int = 0
+    last_seq: int = -1
+
+
+class EpisodeFailed(EpisodeEventBase, frozen=True, kw_only=True, tag="failed"):
+    """Terminal: the episode failed; infra failures may be retried as a new attempt."""
+
+    cause: FailureCause
+    reason: str = ""
+
+
+class EpisodeRetried(EpisodeEventBase, frozen=True, kw_only=True, tag="retried"):
+    """An infra failure is retried as `new_episode` (attempt + 1)."""
+
+    new_episode: str
+
+
+EpisodeEvent = (
+    EpisodeScheduled
+    | EpisodeStarted
+    | AgentExited
+    | EpisodeScored
+    | EpisodeCompleted
+    | EpisodeFailed
+    | EpisodeRetried
+)
+TERMINAL_KINDS = frozenset({"completed", "failed"})
+
+
+# --- rollouts and weights --------------------------------------------------------------------------
+
+
+class RolloutComplete(Message, frozen=True, kw_only=True):
+    """A finished episode handed to the trainer: reward plus what it needs to find the spans."""
+
+    run: str
+    episode: str
+    task: str
+    group: str
+    attempt: int = 0
+    group_size: int = 1
+    reward: float = 0.0
+    span_count: int = 0
+    last_seq: int = -1
+    versions_seen: list[int] = msgspec.field(default_factory=list)
+    failure: FailureCause | None = None
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+    at: float = msgspec.field(default_factory=now)
+
+
+class WeightVersion(Message, frozen=True, kw_only=True):
+    """A policy version the trainer produced; versions are monotonic per run."""
+
+    run: str
+    version: int
+    step: int
+    checkpoint_uri: str = ""
+    digest: str = ""
+    created_at: float = msgspec.field(default_factory=now)
+
+
+class UpstreamRegistration(Message, frozen=True, kw_only=True):
+    """A vLLM replica announcing (or withdrawing) itself to the gateways."""
+
+    url: str
+    model: str = ""
+    weight_version: int = 0
+    active: bool = True
+
+
+# --- run and task specs ----------------------------------------------------------------------------
+
+
+class TaskSpec(Message, frozen=True, kw_only=True):
+    """One task: a prompt with an answer, or a SWE-bench-shaped instance (`instance`)."""
+
+    task_id: str
+    kind: Literal["qa", "swe"] = "qa"
+    prompt: str = ""
+    answer: str | None = None
+    grader: str = "exact"
+    instance: dict[str, Any] | None = None
+    heldout: bool = False
+
+
+class LauncherSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """How episodes are launched: a local process or a Kubernetes Job running `command`."""
+
+    kind: Literal["local", "kubernetes"] = "local"
+    command: list[str] = msgspec.field(default_factory=list)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    image: str = ""
+    namespace: str = "default"
+    cpu: str = "1"
+    memory: str = "1Gi"
+    job_template: dict[str, Any] | None = None
+
+
+class RunSpec(Message, frozen=True, kw_only=True):
+    """A training run as a user submits it."""
+
+    run: str
+    tasks: str
+    group_size: int = 8
+    max_concurrent: int = 64
+    staleness: int = 1
+    mode: RunMode = "sync"
+    episode_timeout_s: float = 600.0
+    infra_retries: int = 2
+    batch_tasks: int = 8
+    max_steps: int = 10
+    launcher: LauncherSpec = msgspec.field(default_factory=LauncherSpec)
+    reward: str = "auto"
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        """Reject values no run could use, naming the field."""
+        for name in ("group_size", "max_concurrent", "batch_tasks"):
+            if getattr(self, name) < 1:
+                raise msgspec.ValidationError(f"Expected `{name}` >= 1")
+        if self.staleness < 0:
+            raise msgspec.ValidationError("Expected `staleness` >= 0")
+        if self.episode_timeout_s <= 0:
+            raise msgspec.ValidationError("Expected `episode_timeout_s` > 0")
+
+
+# --- encoding --------------------------------------------------------------------------------------
+
+_encoder = msgspec.msgpack.Encoder()
+M = TypeVar("M")
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    """Encode a contract as msgpack."""
+    return _encoder.encode(message)
+
+
+def decode(data: bytes, kind: type[M]) -> M:
+    """Decode msgpack into `kind`; garbage or an unknown schema version raises `ContractError`."""
+    try:
+        message = msgspec.msgpack.decode(data, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ContractError(f"invalid {_name(kind)}: {exc}") from exc
+    schema = getattr(message, "schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION:
+        raise ContractError(f"{_name(kind)} has schema {schema}, this build reads {SCHEMA_VERSION}")
+    return message
+
+
+def _name(kind: object) -> str:
+    return getattr(kind, "__name__", None) or str(kind)
+
+
+def decode_event(data: bytes) -> EpisodeEvent:
+    """Decode one EPISODES message (any lifecycle kind)."""
+    return decode(data, EpisodeEvent)  # type: ignore[arg-type]

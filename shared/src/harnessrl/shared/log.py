@@ -1,0 +1,44 @@
+"""structlog configured once per process: JSON for services, console for the CLI."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+import structlog
+
+_configured = False
+
+
+def configure_logging(
+    style: Literal["json", "console"] = "json", level: str = "INFO", *, force: bool = False
+) -> None:
+    """Set up structlog and stdlib logging; later calls are no-ops unless `force`."""
+    global _configured  # noqa: PLW0603 - process-wide logging is configured exactly once
+    if _configured and not force:
+        return
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()
+        if style == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(name)s %(message)s")
+    _configured = True
+
+
+def get_logger(name: str, **context: object) -> structlog.typing.FilteringBoundLogger:
+    """A logger bound to `name` and optional context (run, episode, span)."""
+    return structlog.get_logger(name).bind(**context)  # type: ignore[no-any-return]

@@ -1,0 +1,1 @@
+"""Pytest fixtures shared by every package's tests (loaded through the pytest11 entry point)."""

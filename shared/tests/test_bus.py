@@ -1,0 +1,230 @@
+"""One behavioural suite for the bus, run against the in-memory twin and a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import (
+    Bus,
+    ConsumerSpec,
+    Delivery,
+    KeyExistsError,
+    MemoryBus,
+    NatsBus,
+    Outgoing,
+    PermanentError,
+    RevisionMismatchError,
+    StreamDriftError,
+    TransientError,
+)
+from harnessrl.shared.contracts import WeightVersion
+from harnessrl.shared.ids import new_id
+from harnessrl.shared.natsserver import NatsServer
+from harnessrl.shared.subjects import StreamSpec
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def any_bus(request: pytest.FixtureRequest, nats_server: NatsServer) -> AsyncIterator[Bus]:
+    client: Bus
+    client = MemoryBus() if request.param == "memory" else NatsBus(nats_server.url, publish_retry_s=10.0)
+    await client.connect()
+    await client.ensure_streams()
+    yield client
+    await client.close()
+
+
+def weight(run: str, version: int) -> WeightVersion:
+    return WeightVersion(run=run, version=version, step=version)
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def collect(
+    bus: Bus, run: str, behaviour: Callable[[Delivery], Awaitable[None]] | None = None, **kw: object
+) -> list[Delivery]:
+    seen: list[Delivery] = []
+
+    async def handler(delivery: Delivery) -> None:
+        seen.append(delivery)
+        if behaviour is not None:
+            await behaviour(delivery)
+
+    spec = ConsumerSpec(
+        stream=subjects.WEIGHTS.name,
+        filter_subject=subjects.weights(run),
+        durable=new_id("dur"),
+        **kw,  # type: ignore[arg-type]
+    )
+    await bus.subscribe(spec, handler)
+    return seen
+
+
+async def test_publish_then_consume_in_order(any_bus: Bus) -> None:
+    run = new_id("run")
+    for v in range(5):
+        await any_bus.publish(subjects.weights(run), weight(run, v), msg_id=f"{run}:{v}")
+    seen = await collect(any_bus, run)
+    await eventually(lambda: len(seen) == 5)
+    assert [d.decode(WeightVersion).version for d in seen] == [0, 1, 2, 3, 4]
+
+
+async def test_retried_publish_is_deduplicated(any_bus: Bus) -> None:
+    run = new_id("run")
+    first = await any_bus.publish(subjects.weights(run), weight(run, 1), msg_id="same")
+    again = await any_bus.publish(subjects.weights(run), weight(run, 1), msg_id="same")
+    assert not first.duplicate and again.duplicate and again.seq == first.seq
+    replayed = await any_bus.replay(subjects.WEIGHTS.name, subjects.weights(run))
+    assert len(replayed) == 1
+
+
+async def test_batch_publish_acks_everything(any_bus: Bus) -> None:
+    run = new_id("run")
+    items = [
+        Outgoing(subject=subjects.weights(run), message=weight(run, v), msg_id=f"{run}:{v}")
+        for v in range(200)
+    ]
+    acks = await any_bus.publish_batch(items)
+    assert len(acks) == 200 and not any(a.duplicate for a in acks)
+    replayed = await any_bus.replay(subjects.WEIGHTS.name, subjects.weights(run))
+    assert [d.decode(WeightVersion).version for d in replayed] == list(range(200))
+
+
+async def test_transient_error_redelivers(any_bus: Bus) -> None:
+    run = new_id("run")
+
+    async def fail_first(delivery: Delivery) -> None:
+        if delivery.num_delivered == 1:
+            raise TransientError("not yet", delay=0.1)
+
+    seen = await collect(any_bus, run, fail_first)
+    await any_bus.publish(subjects.weights(run), weight(run, 1), msg_id=f"{run}:1")
+    await eventually(lambda: len(seen) == 2)
+    await asyncio.sleep(0.3)
+    assert [d.num_delivered for d in seen] == [1, 2]
+
+
+async def test_permanent_error_goes_to_dead_letter(any_bus: Bus) -> None:
+    run = new_id("run")
+
+    async def refuse(delivery: Delivery) -> None:
+        raise PermanentError("never")
+
+    seen = await collect(any_bus, run, refuse)
+    await any_bus.publish(subjects.weights(run), weight(run, 1), msg_id=f"{run}:1")
+    await eventually(lambda: len(seen) == 1)
+    dlq = subjects.dead_letter(subjects.weights(run))
+    await eventually_async(lambda: any_bus.replay(subjects.DLQ.name, dlq), 1)
+    await asyncio.sleep(0.3)
+    assert len(seen) == 1
+
+
+async def test_garbage_payload_is_dead_lettered_not_crashing(any_bus: Bus) -> None:
+    run = new_id("run")
+    decoded: list[int] = []
+
+    async def decode(delivery: Delivery) -> None:
+        decoded.append(delivery.decode(WeightVersion).version)
+
+    await collect(any_bus, run, decode)
+    await any_bus.publish(
+        subjects.weights(run),
+        weight(run, 1).__class__(run=run, version=1, step=1, schema=99),
+        msg_id="bad",
+    )
+    await any_bus.publish(subjects.weights(run), weight(run, 2), msg_id="good")
+    await eventually(lambda: decoded == [2])
+    dlq = subjects.dead_letter(subjects.weights(run))
+    await eventually_async(lambda: any_bus.replay(subjects.DLQ.name, dlq), 1)
+
+
+async def test_exhausted_redeliveries_are_dead_lettered(any_bus: Bus) -> None:
+    run = new_id("run")
+
+    async def always_busy(delivery: Delivery) -> None:
+        raise TransientError("busy", delay=0.05)
+
+    seen = await collect(any_bus, run, always_busy, max_deliver=3)
+    await any_bus.publish(subjects.weights(run), weight(run, 1), msg_id=f"{run}:1")
+    dlq = subjects.dead_letter(subjects.weights(run))
+    await eventually_async(lambda: any_bus.replay(subjects.DLQ.name, dlq), 1)
+    assert [d.num_delivered for d in seen] == [1, 2, 3]
+
+
+async def test_durable_consumers_share_work(any_bus: Bus) -> None:
+    run = new_id("run")
+    durable = new_id("shared")
+    got: list[tuple[str, int]] = []
+
+    def handler_for(name: str) -> Callable[[Delivery], Awaitable[None]]:
+        async def handle(delivery: Delivery) -> None:
+            got.append((name, delivery.decode(WeightVersion).version))
+
+        return handle
+
+    spec = ConsumerSpec(stream=subjects.WEIGHTS.name, filter_subject=subjects.weights(run), durable=durable)
+    await any_bus.subscribe(spec, handler_for("a"))
+    await any_bus.subscribe(spec, handler_for("b"))
+    for v in range(40):
+        await any_bus.publish(subjects.weights(run), weight(run, v), msg_id=f"{run}:{v}")
+    await eventually(lambda: len(got) >= 40)
+    await asyncio.sleep(0.2)
+    assert sorted(v for _, v in got) == list(range(40))
+
+
+async def test_kv_optimistic_concurrency(any_bus: Bus) -> None:
+    kv = await any_bus.kv(subjects.BucketSpec(name=new_id("kv")))
+    rev = await kv.create("ep-1", b"scheduled")
+    with pytest.raises(KeyExistsError):
+        await kv.create("ep-1", b"again")
+    rev2 = await kv.update("ep-1", b"started", rev)
+    with pytest.raises(RevisionMismatchError):
+        await kv.update("ep-1", b"stale", rev)
+    entry = await kv.get("ep-1")
+    assert entry is not None and entry.value == b"started" and entry.revision == rev2
+    assert await kv.keys() == ["ep-1"]
+    await kv.delete("ep-1")
+    assert await kv.get("ep-1") is None
+
+
+async def test_objects_round_trip(any_bus: Bus) -> None:
+    blob = bytes(range(256)) * 2000
+    await any_bus.put_object(subjects.ARTIFACTS_BUCKET, "run/ep/patch", blob)
+    assert await any_bus.get_object(subjects.ARTIFACTS_BUCKET, "run/ep/patch") == blob
+    with pytest.raises(KeyError):
+        await any_bus.get_object(subjects.ARTIFACTS_BUCKET, "run/ep/missing")
+
+
+async def test_request_reply(any_bus: Bus) -> None:
+    subject = subjects.control("test", new_id("verb"))
+
+    async def echo(payload: bytes) -> bytes:
+        return payload[::-1]
+
+    await any_bus.serve(subject, echo, queue="q")
+    assert await any_bus.request(subject, b"abc") == b"cba"
+
+
+async def test_stream_drift_is_reported(any_bus: Bus) -> None:
+    drifted = StreamSpec(
+        name=subjects.WEIGHTS.name, subjects=subjects.WEIGHTS.subjects, duplicate_window_s=30.0
+    )
+    with pytest.raises(StreamDriftError):
+        await any_bus.ensure_streams([drifted])
+    await any_bus.ensure_streams()
+
+
+async def eventually_async(read: Callable[[], Awaitable[list[Delivery]]], count: int) -> None:
+    for _ in range(200):
+        if len(await read()) == count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"expected {count} messages")

@@ -1,0 +1,60 @@
+"""kill -9 of nats-server mid-stream: nothing acknowledged is lost and the durable consumer resumes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import ConsumerSpec, Delivery, NatsBus
+from harnessrl.shared.contracts import WeightVersion
+from harnessrl.shared.ids import new_id
+from harnessrl.shared.natsserver import NatsServer
+
+TOTAL = 300
+
+
+async def test_kill_nats_mid_stream_loses_nothing(nats_server: NatsServer) -> None:
+    bus = NatsBus(nats_server.url, publish_timeout_s=1.0, publish_retry_s=30.0)
+    await bus.connect()
+    await bus.ensure_streams()
+    run = new_id("crash")
+    seen: list[Delivery] = []
+
+    async def handler(delivery: Delivery) -> None:
+        seen.append(delivery)
+
+    spec = ConsumerSpec(
+        stream=subjects.WEIGHTS.name,
+        filter_subject=subjects.weights(run),
+        durable=new_id("crash-consumer"),
+        ack_wait_s=2.0,
+    )
+    await bus.subscribe(spec, handler)
+    acked: list[int] = []
+
+    async def publisher() -> None:
+        for v in range(TOTAL):
+            msg = WeightVersion(run=run, version=v, step=v)
+            await bus.publish(subjects.weights(run), msg, msg_id=f"{run}:{v}")
+            acked.append(v)
+
+    task = asyncio.create_task(publisher())
+    while len(acked) < TOTAL // 3:
+        await asyncio.sleep(0.005)
+    await asyncio.to_thread(nats_server.kill)
+    assert not task.done()
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(nats_server.start)
+    await asyncio.wait_for(task, timeout=60)
+    assert acked == list(range(TOTAL))
+
+    stored = await bus.replay(subjects.WEIGHTS.name, subjects.weights(run))
+    versions = [d.decode(WeightVersion).version for d in stored]
+    assert sorted(versions) == list(range(TOTAL)), "every acked message stored exactly once"
+
+    for _ in range(600):
+        if {d.decode(WeightVersion).version for d in seen} == set(range(TOTAL)):
+            break
+        await asyncio.sleep(0.05)
+    assert {d.decode(WeightVersion).version for d in seen} == set(range(TOTAL))
+    await bus.close()
