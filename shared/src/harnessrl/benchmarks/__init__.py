@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m harnessrl.benchmarks <name>` runs one (entry point group `harnessrl.benchmarks`)."""
