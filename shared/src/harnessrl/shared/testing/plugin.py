@@ -13,6 +13,9 @@ import pytest
 
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.natsserver import NatsServer
+from harnessrl.shared.testing.model_fixtures import tiny_model, vllm_server
+
+__all__ = ["bus", "nats_server", "tiny_model", "vllm_server"]
 
 
 @pytest.fixture(scope="session")
