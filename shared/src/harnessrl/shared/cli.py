@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import secrets
+import asyncio
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -18,17 +18,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from harnessrl.shared.bus import BusError
+from harnessrl.shared.local import LocalStack, StackPorts
 from harnessrl.shared.log import configure_logging
-from harnessrl.shared.natsserver import NatsServer, NatsServerError, free_port
-from harnessrl.shared.supervisor import (
-    ProcessSpec,
-    Supervisor,
-    SupervisorError,
-    pid_alive,
-    read_state,
-)
+from harnessrl.shared.natsserver import NatsServerError
+from harnessrl.shared.runspec import RunSpecError, load_run_spec
+from harnessrl.shared.supervisor import SupervisorError, pid_alive, read_state
+from harnessrl.shared.train import TrainError, TrainSession
+from harnessrl.shared.vllm import VllmServerError
 
-SERVICES = ("gateway", "reward", "controller", "trainer")
 console = Console(stderr=True)
 
 
@@ -39,68 +37,78 @@ def home_dir(path: str | None) -> Path:
     return home
 
 
-def episode_secret(home: Path) -> str:
-    """The episode-key signing secret of this local deployment, created once, readable only by us."""
-    path = home / "episode-key.secret"
-    if not path.exists():
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(32))
-    return path.read_text().strip()
-
-
-def service_env(home: Path, nats_url: str, gateway_port: int) -> dict[str, str]:
-    """Environment shared by the local services: where NATS and the gateway are, the key secret."""
-    secret = episode_secret(home)
-    env = {"HRL_NATS_URL": nats_url, "HRL_HOME": str(home)}
-    for svc in SERVICES:
-        env[f"HRL_{svc.upper()}_NATS_URL"] = nats_url
-    env["HRL_GATEWAY_PORT"] = str(gateway_port)
-    env["HRL_GATEWAY_KEY_SECRET"] = secret
-    env["HRL_CONTROLLER_KEY_SECRET"] = secret
-    env["HRL_CONTROLLER_GATEWAY_URL"] = f"http://127.0.0.1:{gateway_port}"
-    return env
-
-
-def installed_services() -> list[str]:
-    """Services whose package is installed and runnable with `python -m`."""
-    return [s for s in SERVICES if importlib.util.find_spec(f"harnessrl.{s}.__main__") is not None]
-
-
-def service_specs(env: dict[str, str], gateway_port: int) -> list[ProcessSpec]:
-    """One supervised process per installed service."""
-    specs = []
-    for svc in installed_services():
-        ready = f"http://127.0.0.1:{gateway_port}/healthz" if svc == "gateway" else None
-        url = f"http://127.0.0.1:{gateway_port}" if svc == "gateway" else ""
-        argv = [sys.executable, "-m", f"harnessrl.{svc}"]
-        specs.append(ProcessSpec(name=svc, argv=argv, env=env, ready_url=ready, url=url))
-    return specs
-
-
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start nats-server and every installed service; supervise until Ctrl-C."""
-    home = home_dir(args.home)
-    supervisor = Supervisor(home)
-    nats = NatsServer(home / "nats", port=args.nats_port, log_file=home / "logs" / "nats-server.log")
+    """Start nats-server, gateway, reward and controller (and vLLM with --model); supervise until Ctrl-C."""
+    stack = LocalStack(home_dir(args.home), StackPorts(nats=args.nats_port, gateway=args.gateway_port))
     try:
-        nats.start()
-        gateway_port = args.gateway_port or free_port()
-        env = service_env(home, nats.url, gateway_port)
-        for spec in service_specs(env, gateway_port):
-            supervisor.start(spec)
-        console.print(f"[green]up[/]: nats {nats.url}, services {installed_services()}; Ctrl-C stops")
+        stack.start_nats()
+        if args.model:
+            stack.start_vllm(Path(args.model))
+        stack.start_gateway()
+        stack.start_reward()
+        stack.start_controller()
+        console.print(f"[green]up[/]: nats {stack.nats_url}, gateway {stack.gateway_url}; Ctrl-C stops")
         while True:
-            supervisor.check(on_crash=lambda name, _: console.print(f"[red]{name} crashed; restarting"))
+            stack.check()
             time.sleep(0.5)
     except KeyboardInterrupt:
         console.print("stopping")
         return 0
-    except (SupervisorError, NatsServerError) as exc:
+    except (SupervisorError, NatsServerError, VllmServerError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 1
     finally:
-        supervisor.stop()
-        nats.stop()
+        stack.stop()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Run (or submit) a training run and follow it to the end."""
+    try:
+        spec = load_run_spec(args.spec)
+    except RunSpecError as exc:
+        console.print(f"[red]bad run spec:[/] {exc}")
+        return 2
+    ports = StackPorts(nats=args.nats_port, gateway=args.gateway_port)
+    model = Path(args.model) if args.model else None
+    session = TrainSession(spec, home_dir(args.home), model_dir=model, nats_url=args.nats_url, ports=ports)
+    try:
+        session.start_stack()
+        progress = asyncio.run(session.follow())
+        console.print(f"plot: {session.finish()}")
+        sys.stdout.write(
+            json.dumps({"run": spec.run, "steps": progress.step, "version": progress.version}) + "\n"
+        )
+        return 0
+    except KeyboardInterrupt:
+        console.print("stopped; run the same command again to resume")
+        return 130
+    except (TrainError, SupervisorError, NatsServerError, VllmServerError, BusError, OSError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    finally:
+        session.stop()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The built-in demo; exits non-zero when the held-out score does not improve enough."""
+    from harnessrl.shared.demo.run import DemoSettings, run_demo
+
+    settings = DemoSettings(steps=args.steps, warm_steps=args.warm_steps)
+    try:
+        summary = run_demo(home_dir(args.home), settings)
+    except KeyboardInterrupt:
+        console.print("stopped")
+        return 130
+    except (TrainError, SupervisorError, NatsServerError, VllmServerError, BusError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    ok = summary["improvement"] >= settings.improvement_floor and (
+        summary["sampled_after"] - summary["sampled_before"] >= settings.sampled_floor
+    )
+    if not ok:
+        console.print("[red]the held-out score did not improve as expected[/]")
+    sys.stdout.write(json.dumps(summary) + "\n")
+    return 0 if ok else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -125,10 +133,26 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--home", default=None, help="state folder (default .harnessrl)")
     up.add_argument("--nats-port", type=int, default=0)
     up.add_argument("--gateway-port", type=int, default=0)
+    up.add_argument("--model", default=None, help="also serve this model folder with vLLM on the CPU")
     up.set_defaults(func=cmd_up)
     status = sub.add_parser("status", help="what `harnessrl up` runs where")
     status.add_argument("--home", default=None)
     status.set_defaults(func=cmd_status)
+    train = sub.add_parser(
+        "train", help="run a training job locally (or submit it with --nats-url) and follow it"
+    )
+    train.add_argument("spec", help="run spec (.toml, .yaml or .json)")
+    train.add_argument("--model", default=None, help="policy model folder (default: the spec's `model`)")
+    train.add_argument("--nats-url", default=None, help="submit to an existing deployment instead")
+    train.add_argument("--home", default=None)
+    train.add_argument("--nats-port", type=int, default=0)
+    train.add_argument("--gateway-port", type=int, default=0)
+    train.set_defaults(func=cmd_train)
+    demo = sub.add_parser("demo", help="the built-in run that shows learning on the CPU")
+    demo.add_argument("--home", default=None)
+    demo.add_argument("--steps", type=int, default=10)
+    demo.add_argument("--warm-steps", type=int, default=800)
+    demo.set_defaults(func=cmd_demo)
     for ep in sorted(entry_points(group="harnessrl.commands"), key=lambda e: e.name):
         ep.load()(sub)
     return parser

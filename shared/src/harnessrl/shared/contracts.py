@@ -174,6 +174,11 @@ EpisodeEvent = (
 TERMINAL_KINDS = frozenset({"completed", "failed"})
 
 
+def event_kind(event: EpisodeEventBase) -> str:
+    """The lifecycle kind of an event (its msgpack tag: "scheduled", "completed", ...)."""
+    return str(type(event).__struct_config__.tag)
+
+
 # --- rollouts and weights --------------------------------------------------------------------------
 
 
@@ -204,6 +209,18 @@ class WeightVersion(Message, frozen=True, kw_only=True):
     checkpoint_uri: str = ""
     digest: str = ""
     created_at: float = msgspec.field(default_factory=now)
+
+
+class StepMetrics(Message, frozen=True, kw_only=True):
+    """One training step's metrics, published on `hrl.metrics.<run>.trainer` for dashboards."""
+
+    run: str
+    step: int
+    version: int
+    values: dict[str, float]
+    staleness: dict[str, int] = msgspec.field(default_factory=dict)
+    dropped: dict[str, int] = msgspec.field(default_factory=dict)
+    at: float = msgspec.field(default_factory=now)
 
 
 class UpstreamRegistration(Message, frozen=True, kw_only=True):

@@ -1,0 +1,127 @@
+"""`harnessrl train <run spec>`: run a training job locally (or submit it to a deployment) and follow it.
+
+Locally (the embedded default) it starts nats-server, vLLM on the CPU, gateway, reward, controller
+and trainer as supervised processes, submits the run and follows it to its last step with a live
+terminal view. With `--nats-url` it only submits to that deployment and follows. Ctrl-C stops
+everything cleanly; the run's state (KV, streams, checkpoints) stays in the state folder, so the
+same command resumes it. At the end it prints a summary and writes a plot under
+`.harnessrl/runs/<run>/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+from rich.live import Live
+
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import BusError, NatsBus
+from harnessrl.shared.contracts import RunSpec
+from harnessrl.shared.follow import RunFollower, RunProgress, plot, render
+from harnessrl.shared.local import LocalStack, StackPorts
+
+console = Console(stderr=True)
+VersionHook = Callable[[int, RunProgress], Awaitable[None]]
+
+
+class TrainError(RuntimeError):
+    """The run could not be started or followed; the message is meant for a person."""
+
+
+async def submit(bus: NatsBus, spec: RunSpec) -> dict[str, object]:
+    """Hand the run to the controller (request-reply) and return its answer."""
+    payload = json.dumps({"spec": msgspec.to_builtins(spec)}).encode()
+    try:
+        answer = json.loads(await bus.request(subjects.control("controller", "submit"), payload, timeout=30))
+    except BusError as exc:
+        raise TrainError(f"the controller did not take the run: {exc}") from exc
+    if not answer.get("ok"):
+        raise TrainError(f"the controller refused the run: {answer.get('error')}")
+    return dict(answer)
+
+
+class TrainSession:
+    """One `harnessrl train`: optional local stack, submission, following."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        home: Path,
+        *,
+        model_dir: Path | None = None,
+        nats_url: str | None = None,
+        ports: StackPorts | None = None,
+    ) -> None:
+        self.spec = spec
+        self.home = home
+        self.model_dir = model_dir or (Path(spec.model) if spec.model else None)
+        self.stack = LocalStack(home, ports, nats_url=nats_url)
+        self.local = nats_url is None
+        self.progress = RunProgress(run=spec.run, max_steps=spec.max_steps)
+
+    @property
+    def run_dir(self) -> Path:
+        """Where this run's plot and summary go."""
+        return self.home.resolve() / "runs" / self.spec.run
+
+    def start_stack(self) -> None:
+        """Start the local deployment (blocking; minutes on a cold machine because of vLLM)."""
+        if not self.local:
+            return
+        if self.model_dir is None or not (self.model_dir / "config.json").exists():
+            raise TrainError(f"model path {self.model_dir} is not a model folder (config.json missing)")
+        self.progress.phase = "starting nats-server"
+        self.stack.start_nats()
+        self.progress.phase = "starting vLLM (CPU)"
+        self.stack.start_vllm(self.model_dir)
+        self.progress.phase = "starting services"
+        self.stack.start_gateway()
+        self.stack.start_reward()
+        self.stack.start_controller()
+        self.stack.start_trainer(self.spec, self.model_dir)
+
+    async def follow(self, on_version: VersionHook | None = None, *, live: bool = True) -> RunProgress:
+        """Submit the run and follow it until the trainer finished `max_steps`."""
+        bus = NatsBus(self.stack.nats_url)
+        await bus.connect()
+        try:
+            follower = RunFollower(bus, self.spec.run, self.spec.max_steps)
+            follower.progress = self.progress
+            await follower.start()
+            await submit(bus, self.spec)
+            self.progress.phase = "training"
+            await self._watch(on_version, live)
+        finally:
+            await bus.close()
+        return self.progress
+
+    async def _watch(self, on_version: VersionHook | None, live: bool) -> None:
+        seen_version = self.progress.version
+        with Live(render(self.progress), console=console, refresh_per_second=2, transient=not live) as view:
+            while self.progress.step < self.spec.max_steps or self.progress.version < self.spec.max_steps:
+                if self.local:
+                    await asyncio.to_thread(self.stack.check)
+                if on_version is not None and self.progress.version > seen_version:
+                    seen_version = self.progress.version
+                    await on_version(seen_version, self.progress)
+                view.update(render(self.progress))
+                await asyncio.sleep(0.5)
+            self.progress.phase = "finished"
+            view.update(render(self.progress))
+
+    def finish(self) -> Path:
+        """Write the plot and the summary; returns the plot path."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        summary = msgspec.json.encode(self.progress)
+        (self.run_dir / "summary.json").write_bytes(summary)
+        return plot(self.progress, self.run_dir / "progress.png")
+
+    def stop(self) -> None:
+        """Stop the local deployment (nothing to stop when following a remote one)."""
+        if self.local:
+            self.stack.stop()
