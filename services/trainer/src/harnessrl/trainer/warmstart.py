@@ -85,7 +85,7 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_value = float(loss)
+            loss_value = float(loss.detach())
             progress.update(task, advance=1, loss=f"loss {loss_value:.3f}")
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
@@ -106,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
+    # One thread: on a small model extra OpenMP threads mostly spin, and collapse under contention.
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     demos = [json.loads(line) for line in args.demos.read_text().splitlines() if line.strip()]
     result = train(args.model, demos, args.out, args.steps, args.batch, args.lr)
     sys.stdout.write(json.dumps(result) + "\n")
