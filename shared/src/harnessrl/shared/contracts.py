@@ -258,6 +258,9 @@ class LauncherSpec(msgspec.Struct, frozen=True, kw_only=True):
     cpu: str = "1"
     memory: str = "1Gi"
     job_template: dict[str, Any] | None = None
+    # Local launcher: modules a fork server imports once, so each Python harness starts in
+    # milliseconds instead of re-importing its SDK (e.g. ["openai"]); empty starts a fresh process.
+    preload: list[str] = msgspec.field(default_factory=list)
 
 
 class RunSpec(Message, frozen=True, kw_only=True):

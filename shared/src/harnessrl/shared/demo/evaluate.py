@@ -31,15 +31,13 @@ def accuracy(
 ) -> float:
     """Fraction of held-out questions answered correctly at `temperature`."""
     pairs = heldout_pairs()
+    # One connection pool for every episode; each episode still gets its own key.
+    base = OpenAI(base_url=f"{gateway_url}/v1", api_key="unused", max_retries=3, timeout=120)
 
     def one(pair: tuple[int, int]) -> bool:
         key = sign_episode_key(secret.encode(), run, new_id("eval"), ttl_s=600)
-        client = OpenAI(base_url=f"{gateway_url}/v1", api_key=key, max_retries=3, timeout=120)
-        try:
-            return correct(solve(client, model, question(*pair), temperature), *pair)
-        finally:
-            client.close()
+        return correct(solve(base.with_options(api_key=key), model, question(*pair), temperature), *pair)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with base, ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(one, pairs))
     return sum(results) / len(results)

@@ -78,7 +78,9 @@ def run_spec(home: Path, settings: DemoSettings, model: Path) -> RunSpec:
         staleness=0,
         max_steps=settings.steps,
         episode_timeout_s=300,
-        launcher=LauncherSpec(kind="local", command=command, env={"HARNESSRL_MODEL": SERVED_MODEL}),
+        launcher=LauncherSpec(
+            kind="local", command=command, env={"HARNESSRL_MODEL": SERVED_MODEL}, preload=["openai"]
+        ),
         reward="numeric",
         model=str(model),
     )
