@@ -40,5 +40,8 @@ def configure_logging(
 
 
 def get_logger(name: str, **context: object) -> structlog.typing.FilteringBoundLogger:
-    """A logger bound to `name` and optional context (run, episode, span)."""
-    return structlog.get_logger(name).bind(**context)  # type: ignore[no-any-return]
+    """A logger bound to `name` and optional context (run, episode, span).
+
+    The logger stays lazy: module-level loggers created before `configure_logging` still follow it.
+    """
+    return structlog.get_logger(name, **context)  # type: ignore[no-any-return]

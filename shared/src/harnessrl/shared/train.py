@@ -70,29 +70,30 @@ class TrainSession:
         """Where this run's plot and summary go."""
         return self.home.resolve() / "runs" / self.spec.run
 
-    def preflight(self) -> None:
-        """Refuse early, before anything starts, what would fail later: model, ports."""
+    def preflight(self) -> Path:
+        """Refuse early, before anything starts, what would fail later; returns the model folder."""
         if self.model_dir is None or not (self.model_dir / "config.json").exists():
             raise TrainError(f"model path {self.model_dir} is not a model folder (config.json missing)")
         ports = self.stack.ports
         for name, port in (("nats", ports.nats), ("gateway", ports.gateway), ("vllm", ports.vllm)):
             if port and not port_free(port):
                 raise TrainError(f"{name} port {port} is already in use")
+        return self.model_dir
 
     def start_stack(self) -> None:
         """Start the local deployment (blocking; minutes on a cold machine because of vLLM)."""
         if not self.local:
             return
-        self.preflight()
+        model_dir = self.preflight()
         self.progress.phase = "starting nats-server"
         self.stack.start_nats()
         self.progress.phase = "starting vLLM (CPU)"
-        self.stack.start_vllm(self.model_dir)
+        self.stack.start_vllm(model_dir)
         self.progress.phase = "starting services"
         self.stack.start_gateway()
         self.stack.start_reward()
         self.stack.start_controller()
-        self.stack.start_trainer(self.spec, self.model_dir)
+        self.stack.start_trainer(self.spec, model_dir)
 
     async def follow(self, on_version: VersionHook | None = None, *, live: bool = True) -> RunProgress:
         """Submit the run and follow it until the trainer finished `max_steps`."""

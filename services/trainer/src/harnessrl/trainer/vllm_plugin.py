@@ -22,11 +22,11 @@ _MARK = "_harnessrl_plain_linear"
 
 def register() -> None:
     """Patch vLLM's CPU GEMM dispatch (idempotent: vLLM may call this more than once)."""
-    from vllm.platforms import current_platform  # noqa: PLC0415 - vLLM loads plugins lazily
+    from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
-    from vllm.model_executor.layers import utils  # noqa: PLC0415 - only on CPU platforms
+    from vllm.model_executor.layers import utils
 
     original = utils.dispatch_cpu_unquantized_gemm
     if getattr(original, _MARK, False):

@@ -84,7 +84,7 @@ def train(
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
             loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum().clamp(min=1)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             loss_value = float(loss.detach())
             progress.update(task, advance=1, loss=f"loss {loss_value:.3f}")

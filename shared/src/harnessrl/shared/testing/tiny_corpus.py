@@ -46,9 +46,7 @@ def _multiplication(rng: random.Random) -> str:
     a, b = rng.randint(10, 99), rng.randint(10, 99)
     question = f"user\nWhat is {a}*{b}?\n"
     if rng.random() < 0.5:
-        return (
-            question + f"assistant\nCALC {a}*{b}\nuser\nRESULT {a * b}\nassistant\nANSWER {a * b}\n"
-        )
+        return question + f"assistant\nCALC {a}*{b}\nuser\nRESULT {a * b}\nassistant\nANSWER {a * b}\n"
     return question + f"assistant\nANSWER {a * b}\n"
 
 

@@ -1,0 +1,122 @@
+"""Checkpoint directories, the trainer state and the atomic `latest` pointer.
+
+Layout under the run's checkpoint root:
+
+    step-000012/
+      hf/                  HF safetensors + config + tokenizer: what vLLM reloads
+      engine/              verl's engine state (model, optimizer, RNG) to resume training
+      trainer_state.json   step, version, trained rollout ids, published flag
+    latest                 "step-000012", replaced atomically after the step directory is complete
+    dropped.json           ids of rollouts dropped (stale, incomplete, degenerate group): settled
+                           without a step, so they live beside the step directories
+
+A step directory is written under a temporary name and renamed into place, then `latest` is
+replaced with `os.replace`; a crash at any point leaves the previous checkpoint intact and
+`latest` pointing at a complete directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import msgspec
+
+LATEST = "latest"
+STATE_FILE = "trainer_state.json"
+DROPPED_FILE = "dropped.json"
+
+
+class TrainerState(msgspec.Struct, kw_only=True):
+    """What a restart needs beyond the weights: where training stood and what it consumed."""
+
+    run: str
+    step: int = 0
+    version: int = 0
+    # Every rollout a checkpointed step trained: acked on redelivery, never trained again.
+    trained: list[str] = msgspec.field(default_factory=list)
+    # Whether WeightVersion `version` was published (a restart publishes it if not).
+    published: bool = False
+
+
+class CheckpointStore:
+    """Step directories under `root` and the `latest` pointer."""
+
+    def __init__(self, root: Path, keep: int = 3) -> None:
+        self.root = Path(root)
+        self.keep = keep
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def step_name(step: int) -> str:
+        """The directory name of `step`."""
+        return f"step-{step:06d}"
+
+    def latest(self) -> Path | None:
+        """The directory `latest` points at, or None before the first checkpoint."""
+        pointer = self.root / LATEST
+        if not pointer.exists():
+            return None
+        return self.root / pointer.read_text().strip()
+
+    def load_state(self, run: str) -> TrainerState:
+        """The latest checkpoint's state, or a fresh one."""
+        directory = self.latest()
+        if directory is None:
+            return TrainerState(run=run)
+        return msgspec.json.decode((directory / STATE_FILE).read_bytes(), type=TrainerState)
+
+    def staging(self, step: int) -> Path:
+        """An empty temporary directory to write step `step` into before `commit`."""
+        path = self.root / f".{self.step_name(step)}.tmp"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
+
+    def commit(self, staging: Path, state: TrainerState) -> Path:
+        """Write the state, move `staging` into place, then point `latest` at it."""
+        _write_atomic(staging / STATE_FILE, msgspec.json.encode(state))
+        final = self.root / self.step_name(state.step)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(staging, final)
+        _write_atomic(self.root / LATEST, final.name.encode())
+        self._prune(final.name)
+        return final
+
+    def mark_published(self, state: TrainerState) -> None:
+        """Record in the latest checkpoint that its version was published."""
+        directory = self.latest()
+        if directory is None:
+            raise FileNotFoundError("no checkpoint to mark")
+        state.published = True
+        _write_atomic(directory / STATE_FILE, msgspec.json.encode(state))
+
+    def load_dropped(self) -> list[str]:
+        """Ids of every rollout dropped so far."""
+        path = self.root / DROPPED_FILE
+        if not path.exists():
+            return []
+        return msgspec.json.decode(path.read_bytes(), type=list[str])
+
+    def add_dropped(self, ids: list[str]) -> None:
+        """Persist more dropped rollout ids (atomically rewrites the list)."""
+        if ids:
+            merged = self.load_dropped() + ids
+            _write_atomic(self.root / DROPPED_FILE, msgspec.json.encode(merged))
+
+    def _prune(self, current: str) -> None:
+        steps = sorted(path.name for path in self.root.glob("step-*") if path.is_dir())
+        for name in steps[: max(len(steps) - self.keep, 0)]:
+            if name != current:
+                shutil.rmtree(self.root / name, ignore_errors=True)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temporary file, fsync, rename: readers see the old or the new bytes."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,207 @@
+"""The trainer service: rollouts in from the bus, weight versions out.
+
+Acknowledgement rule: a rollout is acked only once a checkpoint covers it (trained in a committed
+step, or dropped and persisted). The bus acks when a handler returns, so the handler settles a
+rollout it has not yet covered by raising `TransientError`: JetStream redelivers it after
+`ack_recheck_s`, and the redelivery is acked once the rollout is settled. After a kill -9 the
+unacked rollouts come back; the settled ones are acked without training, the rest are assembled
+again. A restart also republishes the latest version if the crash came between checkpoint and
+publish (`published` flag), and reloads the replicas from the latest checkpoint.
+
+Steps run on a worker thread so the consumer keeps assembling rollouts while the engine trains
+(the asynchronous mode's overlap); sync vs async differ only in the staleness bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription, TransientError
+from harnessrl.shared.contracts import RolloutComplete, Span, StepMetrics, WeightVersion
+from harnessrl.shared.log import get_logger
+from harnessrl.trainer.assembly import RolloutPool
+from harnessrl.trainer.metrics import MetricsSink
+from harnessrl.trainer.samples import TrainingRow
+from harnessrl.trainer.training import StepResult, Trainer
+from harnessrl.trainer.weight_sync import WeightSyncer
+
+log = get_logger("harnessrl.trainer.service")
+
+
+def weights_digest(hf_dir: Path) -> str:
+    """sha256 of the checkpoint's safetensors files, so a consumer can verify what it loads."""
+    digest = hashlib.sha256()
+    for path in sorted(hf_dir.glob("*.safetensors")):
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+class TrainerService:
+    """Consumes ROLLOUTS, trains in whole-group batches, syncs replicas, publishes versions."""
+
+    def __init__(
+        self, bus: Bus, trainer: Trainer, sync: WeightSyncer, sink: MetricsSink | None = None
+    ) -> None:
+        self.bus = bus
+        self.trainer = trainer
+        self.settings = trainer.settings
+        self.sync = sync
+        self.sink = sink or MetricsSink(self.settings.run)
+        self.pool = RolloutPool(self.settings.pool, self.settings.limits)
+        self.steps_done = asyncio.Event()
+        self.last_metrics: StepMetrics | None = None
+        self._subscription: Subscription | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        # Rollouts of the step being trained: out of the pool, not yet settled.
+        self._in_step: set[str] = set()
+
+    async def start(self) -> None:
+        """Bring replicas and the WEIGHTS stream up to the latest checkpoint, then consume."""
+        await self._sync_replicas()
+        state = self.trainer.state
+        if state.step > 0 and not state.published:
+            if await self._already_published(state.version):
+                self.trainer.mark_published()
+            else:
+                await self._publish_version()
+        spec = ConsumerSpec(
+            stream=subjects.ROLLOUTS.name,
+            filter_subject=subjects.rollout(self.settings.run),
+            durable=f"trainer-{self.settings.run}",
+            max_deliver=-1,
+            ack_wait_s=self.settings.ack_wait_s,
+            batch=128,
+        )
+        self._subscription = await self.bus.subscribe(spec, self._on_rollout)
+        self._loop_task = asyncio.create_task(self._train_loop(), name="trainer-loop")
+        log.info("trainer.started", run=self.settings.run, version=self.trainer.version)
+
+    async def stop(self) -> None:
+        """Stop consuming and training (a step in flight finishes first)."""
+        if self._subscription is not None:
+            await self._subscription.stop()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        await self.sync.close()
+        self.sink.close()
+
+    async def wait(self) -> None:
+        """Until the training loop ends (max_steps reached or a fatal error)."""
+        if self._loop_task is not None:
+            await self._loop_task
+
+    async def _on_rollout(self, delivery: Delivery) -> None:
+        rollout = delivery.decode(RolloutComplete)
+        key = rollout.episode
+        if key in self.trainer.settled:
+            return
+        if key not in self._in_step and (not self.pool.knows(key) or self.pool.is_pending(key)):
+            spans = await self._spans_of(rollout)
+            status = self.pool.offer(rollout, spans, time.monotonic())
+            if status == "dropped":
+                self.trainer.drop([key])
+                return
+            self._wake.set()
+        raise TransientError("rollout not yet covered by a checkpoint", delay=self._recheck())
+
+    def _recheck(self) -> float:
+        return self.settings.ack_recheck_s
+
+    async def _spans_of(self, rollout: RolloutComplete) -> list[Span]:
+        subject = subjects.span(rollout.run, rollout.episode)
+        deliveries = await self.bus.replay(subjects.SPANS.name, subject)
+        return [delivery.decode(Span) for delivery in deliveries]
+
+    async def _train_loop(self) -> None:
+        while not self._done():
+            self.trainer.drop(self.pool.expire(time.monotonic()))
+            ready = self.pool.ready_groups(time.monotonic())
+            if len(ready) < self.settings.batch_groups:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+                continue
+            batch = self.pool.take(ready[: self.settings.batch_groups])
+            reports = {item.rollout_id: self.pool.reports.pop(item.rollout_id) for item in batch}
+            self._in_step = {item.rollout_id for item in batch}
+            try:
+                result = await asyncio.to_thread(self.trainer.step, batch, reports)
+            finally:
+                self._in_step = set()
+            await self._after_step(result)
+
+    def _done(self) -> bool:
+        limit = self.settings.max_steps
+        return bool(limit) and self.trainer.state.step >= limit
+
+    async def _after_step(self, result: StepResult) -> None:
+        values = dict(result.metrics.values)
+        for reason, count in self.pool.dropped.items():
+            values[f"dropped_total/{reason}"] = float(count)
+        if result.trained:
+            values["sync/probe_gap"] = await self._sync_replicas()
+            await self._publish_version()
+        metrics = StepMetrics(
+            run=result.metrics.run,
+            step=result.metrics.step,
+            version=result.metrics.version,
+            values=values,
+            staleness=result.metrics.staleness,
+            dropped=result.metrics.dropped,
+        )
+        self.last_metrics = metrics
+        self.sink.write(metrics)
+        await self.bus.publish(
+            subjects.metrics(self.settings.run, "trainer"),
+            metrics,
+            msg_id=f"{self.settings.run}:metrics:{metrics.step}:{metrics.version}:{metrics.at}",
+        )
+        self.steps_done.set()
+
+    async def _sync_replicas(self) -> float:
+        version = self.trainer.version
+        hf_dir = self.trainer.hf_dir()
+        return await self.sync.sync(hf_dir, version, self._trainer_probe)
+
+    async def _trainer_probe(self, token_ids: Sequence[int]) -> list[float]:
+        row = TrainingRow(
+            rollout_id="probe",
+            input_ids=list(token_ids),
+            prompt_len=1,
+            loss_mask=[1] * (len(token_ids) - 1),
+            logprobs=[0.0] * (len(token_ids) - 1),
+            versions=[0] * (len(token_ids) - 1),
+        )
+        logprobs = await asyncio.to_thread(self.trainer.engine.row_logprobs, [row])
+        return logprobs[0]
+
+    async def _already_published(self, version: int) -> bool:
+        """Whether WEIGHTS holds `version` (the crash came between publish and marking it)."""
+        stored = await self.bus.replay(subjects.WEIGHTS.name, subjects.weights(self.settings.run))
+        return any(item.decode(WeightVersion).version == version for item in stored)
+
+    async def _publish_version(self) -> None:
+        state = self.trainer.state
+        hf_dir = self.trainer.hf_dir().resolve()
+        message = WeightVersion(
+            run=self.settings.run,
+            version=state.version,
+            step=state.step,
+            checkpoint_uri=str(hf_dir),
+            digest=await asyncio.to_thread(weights_digest, hf_dir),
+        )
+        await self.bus.publish(
+            subjects.weights(self.settings.run), message, msg_id=f"{self.settings.run}:{state.version}"
+        )
+        self.trainer.mark_published()
+        log.info("weights.published", run=self.settings.run, version=state.version)

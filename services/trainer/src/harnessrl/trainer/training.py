@@ -1,0 +1,139 @@
+"""One training step from assembled rollouts to a committed checkpoint (no bus involved).
+
+`Trainer.step` is what the service loop calls for every batch and what the demo can call
+directly: staleness filter, group rules and advantages, one engine update, checkpoint. Rollouts it
+trains or drops become *settled*: persisted, so a restart neither retrains nor loses them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import msgspec
+
+from harnessrl.shared.contracts import StepMetrics
+from harnessrl.shared.log import get_logger
+from harnessrl.trainer.advantages import AssembledRollout, score_groups, token_weights
+from harnessrl.trainer.batch import RowBatch
+from harnessrl.trainer.checkpoint import CheckpointStore, TrainerState
+from harnessrl.trainer.engine import PolicyEngine
+from harnessrl.trainer.metrics import batch_metrics
+from harnessrl.trainer.samples import BuildReport, TrainingRow
+from harnessrl.trainer.settings import TrainerSettings
+
+log = get_logger("harnessrl.trainer.training")
+
+
+class StepResult(msgspec.Struct, kw_only=True):
+    """What one call to `Trainer.step` did."""
+
+    trained: bool
+    metrics: StepMetrics
+    checkpoint: Path | None = None
+
+
+class Trainer:
+    """Holds the engine, the checkpoint store and the trainer state of one run."""
+
+    def __init__(self, settings: TrainerSettings, engine: PolicyEngine | None = None) -> None:
+        self.settings = settings
+        self.store = CheckpointStore(settings.checkpoint_root)
+        self.state = self.store.load_state(settings.run)
+        self.settled: set[str] = set(self.state.trained) | set(self.store.load_dropped())
+        latest = self.store.latest()
+        self.engine = engine or PolicyEngine(Path(settings.model_dir), settings.engine, settings.loss)
+        if latest is not None:
+            self.engine.load(latest / "engine")
+            log.info("trainer.resumed", step=self.state.step, version=self.state.version)
+
+    @property
+    def version(self) -> int:
+        """The current policy version (0 = the starting model)."""
+        return self.state.version
+
+    def hf_dir(self) -> Path:
+        """The HF weights of the current version (the base model before the first step)."""
+        latest = self.store.latest()
+        return latest / "hf" if latest is not None else Path(self.settings.model_dir)
+
+    def drop(self, ids: Sequence[str]) -> None:
+        """Settle rollouts without training them (persisted before returning)."""
+        fresh = [rollout_id for rollout_id in ids if rollout_id not in self.settled]
+        self.store.add_dropped(fresh)
+        self.settled.update(fresh)
+
+    def step(
+        self,
+        rollouts: Sequence[AssembledRollout],
+        reports: Mapping[str, BuildReport] | None = None,
+    ) -> StepResult:
+        """Train on `rollouts` (whole groups) and checkpoint; drops what can't be trained."""
+        started = time.monotonic()
+        fresh = [item for item in rollouts if item.rollout_id not in self.settled]
+        lag = self.settings.allowed_lag
+        current = [item for item in fresh if self.version - item.min_version <= lag]
+        outcome = score_groups(current, self.settings.advantages)
+        dropped = Counter(outcome.dropped)
+        stale_ids = [item.rollout_id for item in fresh if item not in current]
+        if stale_ids:
+            dropped["stale"] += len(stale_ids)
+        self.drop(stale_ids + outcome.dropped_ids)
+        values, staleness = batch_metrics(
+            fresh, outcome, reports or {}, version=self.version,
+            pass_threshold=self.settings.pass_threshold,
+        )  # fmt: skip
+        if not outcome.scored:
+            return StepResult(trained=False, metrics=self._metrics(values, staleness, dropped))
+        weights = token_weights(outcome.scored)
+        rows: list[TrainingRow] = []
+        advantages: list[float] = []
+        row_weights: list[float] = []
+        for item in outcome.scored:
+            for row in item.assembled.rows:
+                rows.append(row)
+                advantages.append(item.advantage)
+                row_weights.append(weights[item.assembled.rollout_id])
+        batch = RowBatch(rows=rows, advantages=advantages, weights=row_weights)
+        values.update(self.engine.train(batch, step=self.state.step + 1))
+        checkpoint = self._checkpoint([item.assembled.rollout_id for item in outcome.scored])
+        elapsed = time.monotonic() - started
+        values["perf/step_s"] = elapsed
+        values["perf/tokens_per_s"] = sum(len(row.input_ids) for row in rows) / max(elapsed, 1e-9)
+        metrics = self._metrics(values, staleness, dropped)
+        return StepResult(trained=True, metrics=metrics, checkpoint=checkpoint)
+
+    def _checkpoint(self, trained_ids: list[str]) -> Path:
+        step = self.state.step + 1
+        staging = self.store.staging(step)
+        self.engine.export_hf(staging / "hf")
+        self.engine.save(staging / "engine", step)
+        state = TrainerState(
+            run=self.settings.run,
+            step=step,
+            version=self.state.version + 1,
+            trained=[*self.state.trained, *trained_ids],
+            published=False,
+        )
+        final = self.store.commit(staging, state)
+        self.state = state
+        self.settled.update(trained_ids)
+        return final
+
+    def mark_published(self) -> None:
+        """Record that the current version's WeightVersion went out."""
+        self.store.mark_published(self.state)
+
+    def _metrics(
+        self, values: dict[str, float], staleness: dict[str, int], dropped: Counter[str]
+    ) -> StepMetrics:
+        return StepMetrics(
+            run=self.settings.run,
+            step=self.state.step,
+            version=self.state.version,
+            values=values,
+            staleness=staleness,
+            dropped=dict(dropped),
+        )

@@ -1,0 +1,119 @@
+"""The trainer service over a real nats-server: assembly, settlement, versions, metrics."""
+
+import asyncio
+import random
+from pathlib import Path
+
+import msgspec
+
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import Bus
+from harnessrl.shared.contracts import StepMetrics, WeightVersion
+from harnessrl.shared.ids import new_id
+from harnessrl.trainer.assembly import PoolSettings
+from harnessrl.trainer.corpus import publish_episodes as publish_group
+from harnessrl.trainer.corpus import record_group
+from harnessrl.trainer.engine import PolicyEngine
+from harnessrl.trainer.metrics import MetricsSink
+from harnessrl.trainer.service import TrainerService
+from harnessrl.trainer.settings import TrainerSettings
+from harnessrl.trainer.training import Trainer
+from harnessrl.trainer.weight_sync import ReplicaSync
+
+
+async def versions_of(bus: Bus, run: str) -> list[int]:
+    stored = await bus.replay(subjects.WEIGHTS.name, subjects.weights(run))
+    return [item.decode(WeightVersion).version for item in stored]
+
+
+async def wait_for(predicate, timeout=60.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.2)
+
+
+async def test_service_trains_whole_groups_settles_and_publishes(
+    bus: Bus, policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+):
+    run = new_id("run")
+    rng = random.Random(1)
+    settings = TrainerSettings(
+        run=run, model_dir=str(tiny_model), checkpoint_dir=str(tmp_path), batch_groups=2,
+        mode="async", staleness=1, ack_recheck_s=0.2,
+        pool=PoolSettings(span_wait_s=1.0, group_wait_s=600.0),
+    )  # fmt: skip
+    trainer = Trainer(settings, engine=policy_engine)
+    sink = MetricsSink(run, str(tmp_path / "tb"))
+    service = TrainerService(bus, trainer, ReplicaSync([], settings.probe_token_ids), sink)
+    await service.start()
+    try:
+        first, second = record_group(run, "g1", rng), record_group(run, "g2", rng)
+        await publish_group(bus, first)
+        # A rollout whose spans never arrive is dropped after span_wait_s, never trained half.
+        lost = record_group(run, "g3", rng, size=1)
+        await publish_group(bus, lost, publish_spans=False)
+        await publish_group(bus, second)
+        await wait_for(lambda: _has_versions(bus, run, 1))
+        # The same rollouts redelivered (a controller retrying its publish) are not trained again.
+        await publish_group(bus, first)
+        await asyncio.sleep(1.5)
+    finally:
+        await service.stop()
+
+    assert await versions_of(bus, run) == [1]
+    stored = await bus.replay(subjects.WEIGHTS.name, subjects.weights(run))
+    assert stored[0].decode(WeightVersion).digest.startswith("sha256:")
+    assert trainer.state.step == 1 and trainer.state.published
+    assert sorted(trainer.state.trained) == sorted(r.episode for _, r in first + second)
+    assert trainer.settled >= {r.episode for _, r in lost}
+    assert service.pool.dropped["spans_incomplete"] == 1
+    metrics = service.last_metrics
+    assert metrics is not None and metrics.version == 1
+    assert metrics.values["rollouts/trained"] == 8
+    assert metrics.values["rollouts/rows_per_rollout"] == 1.0
+    assert metrics.values["reward/mean"] == 0.5
+    assert metrics.staleness == {"0": 8}  # trained at version 0 on version-0 rollouts
+    published = await bus.replay(subjects.METRICS.name, subjects.metrics(run, "trainer"))
+    assert [m.decode(StepMetrics).step for m in published] == [1]
+    state = msgspec.json.decode((tmp_path / run / "step-000001" / "trainer_state.json").read_bytes())
+    assert state["version"] == 1
+    assert (tmp_path / run / "step-000001" / "hf" / "model.safetensors").exists()
+    assert (tmp_path / run / "latest").read_text() == "step-000001"
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
+
+
+async def _has_versions(bus, run, count):
+    return len(await versions_of(bus, run)) >= count
+
+
+async def test_async_mode_drops_rollouts_beyond_the_staleness_bound(
+    bus: Bus, policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+):
+    run = new_id("run")
+    rng = random.Random(2)
+    settings = TrainerSettings(
+        run=run, model_dir=str(tiny_model), checkpoint_dir=str(tmp_path), batch_groups=1,
+        mode="async", staleness=1, ack_recheck_s=0.2,
+    )  # fmt: skip
+    trainer = Trainer(settings, engine=policy_engine)
+    service = TrainerService(bus, trainer, ReplicaSync([], settings.probe_token_ids))
+    await service.start()
+    try:
+        await publish_group(bus, record_group(run, "g1", rng))
+        await wait_for(lambda: _has_versions(bus, run, 1))
+        await publish_group(bus, record_group(run, "g2", rng))
+        await wait_for(lambda: _has_versions(bus, run, 2))
+        # Version 0 rollouts at current version 2: lag 2 > 1, dropped and counted.
+        stale = record_group(run, "g3", rng)
+        await publish_group(bus, stale)
+        await wait_for(lambda: _settled(trainer, stale))
+    finally:
+        await service.stop()
+    assert await versions_of(bus, run) == [1, 2]
+    assert service.last_metrics is not None
+    assert service.last_metrics.dropped == {"stale": 4}
+
+
+async def _settled(trainer, episodes):
+    return all(r.episode in trainer.settled for _, r in episodes)
