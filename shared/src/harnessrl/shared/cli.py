@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
     demo = sub.add_parser("demo", help="the built-in run that shows learning on the CPU")
     demo.add_argument("--home", default=None)
-    demo.add_argument("--steps", type=int, default=10)
+    demo.add_argument("--steps", type=int, default=15)
     demo.add_argument("--warm-steps", type=int, default=800)
     demo.set_defaults(func=cmd_demo)
     for ep in sorted(entry_points(group="harnessrl.commands"), key=lambda e: e.name):

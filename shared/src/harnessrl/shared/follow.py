@@ -78,8 +78,8 @@ class RunFollower:
 
     async def _on_metrics(self, delivery: Delivery) -> None:
         metrics = delivery.decode(StepMetrics)
-        if not self.progress.steps or metrics.step > self.progress.steps[-1].step:
-            self.progress.steps.append(metrics)
+        steps = [m for m in self.progress.steps if m.step != metrics.step] + [metrics]
+        self.progress.steps = sorted(steps, key=lambda m: m.step)
 
     async def _on_weights(self, delivery: Delivery) -> None:
         self.progress.version = max(self.progress.version, delivery.decode(WeightVersion).version)

@@ -147,6 +147,8 @@ class LocalStack:
             "batch_groups": spec.batch_tasks,
             "max_steps": spec.max_steps,
             "tensorboard_dir": str(self.home / "runs" / spec.run / "tensorboard"),
+            # The trainer shares the cores with vLLM: extra OpenMP threads only spin.
+            "engine": {"torch_threads": 1},
             **overrides,
         }
         self._start("trainer", values)

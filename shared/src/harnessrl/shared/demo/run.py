@@ -31,7 +31,7 @@ class DemoSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The calibrated recipe (see the module doc); tests shorten it."""
 
     run: str = "demo"
-    steps: int = 10
+    steps: int = 15
     group_size: int = 8
     tasks_per_step: int = 8
     warm_steps: int = 800

@@ -30,13 +30,14 @@ def heldout_pairs() -> list[tuple[int, int]]:
 
 
 def training_pairs(count: int, seed: int) -> list[tuple[int, int]]:
-    """`count` random pairs that are not held out."""
+    """`count` distinct random pairs that are not held out."""
     rng = random.Random(seed)  # noqa: S311 - reproducible task set, not security
-    held = set(heldout_pairs())
+    taken = set(heldout_pairs())
     out: list[tuple[int, int]] = []
     while len(out) < count:
         pair = (rng.randint(10, 99), rng.randint(10, 99))
-        if pair not in held:
+        if pair not in taken:
+            taken.add(pair)
             out.append(pair)
     return out
 
