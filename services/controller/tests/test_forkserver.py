@@ -17,7 +17,8 @@ from harnessrl.controller.testing.exits import ExitRecorder, launch_request
 HARNESS = """
 import os, sys
 print("preloaded" if "json.tool" in sys.modules else "cold", "group", os.getpgid(0))
-print("key", os.environ["HARNESSRL_EPISODE_KEY"], "secret", os.environ.get("HRL_CONTROLLER_KEY_SECRET", "none"))
+key, secret = os.environ["HARNESSRL_EPISODE_KEY"], os.environ.get("HRL_CONTROLLER_KEY_SECRET", "none")
+print("key", key, "secret", secret)
 open(os.path.join(os.environ["HARNESSRL_WORKDIR"], "answer.txt"), "w").write(sys.argv[1])
 sys.exit(int(sys.argv[2]))
 """

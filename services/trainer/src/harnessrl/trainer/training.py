@@ -86,7 +86,15 @@ class Trainer:
             pass_threshold=self.settings.pass_threshold,
         )  # fmt: skip
         if not outcome.scored:
-            return StepResult(trained=False, metrics=self._metrics(values, staleness, dropped))
+            if not fresh:
+                return StepResult(trained=False, metrics=self._metrics(values, staleness, dropped))
+            # Nothing to learn from (every group had zero variance or was too small): the version
+            # still advances, with unchanged weights, so a sync-mode run schedules its next batch.
+            values["step/skipped"] = 1.0
+            checkpoint = self._checkpoint([])
+            return StepResult(
+                trained=True, metrics=self._metrics(values, staleness, dropped), checkpoint=checkpoint
+            )
         weights = token_weights(outcome.scored)
         rows: list[TrainingRow] = []
         advantages: list[float] = []
