@@ -23,17 +23,32 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 Conversation = list[dict[str, str]]
+# A demonstration is a conversation, or {"messages": conversation, "tools": [...]} for tool calling.
+Demonstration = Conversation | dict[str, Any]
 
 
-def render(tokenizer: Any, messages: Conversation) -> tuple[list[int], list[int]]:
-    """Token ids of a conversation and a mask that is 1 exactly on assistant-produced tokens."""
+def _parts(demo: Demonstration) -> tuple[Conversation, list[dict[str, Any]] | None]:
+    if isinstance(demo, dict):
+        return demo["messages"], demo.get("tools")
+    return demo, None
+
+
+def render(
+    tokenizer: Any, messages: Conversation, tools: list[dict[str, Any]] | None = None
+) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation and a mask that is 1 exactly on assistant-produced tokens.
+
+    `tools` are rendered the way the server renders a request that offers them.
+    """
     ids: list[int] = []
     mask: list[int] = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prompt = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=True)
-        full = tokenizer.apply_chat_template(messages[: i + 1], tokenize=True)
+        prompt = tokenizer.apply_chat_template(
+            messages[:i], tools=tools, add_generation_prompt=True, tokenize=True
+        )
+        full = tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=True)
         prompt, full = _ids(prompt), _ids(full)
         # ChatML adds a newline after <|im_end|>: it is template, not something the model samples.
         end = len(full) - 1 if tokenizer.decode(full[-1:]) == "\n" else len(full)
@@ -69,7 +84,7 @@ def train(
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    rows = [render(tokenizer, d) for d in demos]
+    rows = [render(tokenizer, *_parts(d)) for d in demos]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(0)  # noqa: S311 - reproducible batches, not security
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
