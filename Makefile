@@ -29,5 +29,5 @@ demo: dev
 
 bench: $(addprefix bench-,$(BENCHES))
 
-bench-%: dev
+$(addprefix bench-,$(BENCHES)): bench-%: dev
 	$(PY) -m harnessrl.benchmarks $*

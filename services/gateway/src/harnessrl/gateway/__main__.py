@@ -1,0 +1,5 @@
+"""`python -m harnessrl.gateway [--config ...]`: run the gateway."""
+
+from harnessrl.gateway.cli import main
+
+main()

@@ -1,0 +1,283 @@
+"""Per-API request rewriting and response capture: chat, completions, responses, messages.
+
+Each `Api` knows, for its endpoint: which fields make vLLM return token ids and logprobs
+(`prepare`), how to copy them out of a response body or a stream event into a `Capture`, and how
+to remove them again when the client did not ask for them. Fields the gateway doesn't know pass
+through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from harnessrl.gateway.anthropic import to_chat_request, to_message
+from harnessrl.gateway.capture import Asked, Capture, content_logprobs, token_logprobs
+from harnessrl.gateway.errors import Dialect
+from harnessrl.shared.contracts import ApiKind
+
+_RESPONSES_LOGPROBS = "message.output_text.logprobs"
+_RESPONSES_FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+class Api:
+    """Base: an OpenAI-dialect endpoint with nothing to inject."""
+
+    kind: ClassVar[ApiKind] = "chat"
+    dialect: ClassVar[Dialect] = "openai"
+    path: ClassVar[str] = ""
+    upstream_path: ClassVar[str] = ""
+
+    def prepare(self, body: dict[str, Any]) -> Asked:
+        """Inject capture fields into `body` (in place); return what the client asked itself."""
+        return Asked()
+
+    def capture_body(self, body: dict[str, Any], asked: Asked, capture: Capture) -> dict[str, Any]:
+        """Copy capture data out of a non-streamed response; return what the client gets."""
+        return body
+
+    def capture_event(self, event: str | None, data: dict[str, Any], asked: Asked, capture: Capture) -> bool:
+        """Same for one stream event (mutated in place); False drops the event."""
+        return True
+
+    def is_final(self, event: str | None, data: bytes) -> bool:
+        """Whether this stream event is the last one (held back until the span is published)."""
+        return data == b"[DONE]"
+
+
+class ChatApi(Api):
+    """`/v1/chat/completions`: ids at top level (prompt) and per choice, logprobs per token."""
+
+    kind: ClassVar[ApiKind] = "chat"
+    path = upstream_path = "/v1/chat/completions"
+
+    def prepare(self, body: dict[str, Any]) -> Asked:
+        """Ask for token ids, logprobs and (streaming) the usage chunk."""
+        asked = Asked(
+            token_ids=bool(body.get("return_token_ids")),
+            logprobs=bool(body.get("logprobs")),
+            usage=_stream_usage(body),
+        )
+        body["return_token_ids"] = True
+        body["logprobs"] = True
+        if body.get("stream"):
+            _force_stream_usage(body)
+        return asked
+
+    def capture_body(self, body: dict[str, Any], asked: Asked, capture: Capture) -> dict[str, Any]:
+        """Read `prompt_token_ids`, choices' `token_ids` and `logprobs.content`."""
+        capture.set_prompt(body.get("prompt_token_ids"))
+        capture.set_usage(body.get("usage"))
+        for choice in _choices(body):
+            message = choice.get("message")
+            text = message.get("content") if isinstance(message, dict) else None
+            slot = capture.choice(choice.get("index"))
+            slot.add(choice.get("token_ids"), content_logprobs(choice.get("logprobs")), text)
+            slot.finish_reason = choice.get("finish_reason")
+            _strip_choice(choice, asked, pop=False)
+        if not asked.token_ids:
+            body["prompt_token_ids"] = None
+        return body
+
+    def capture_event(self, event: str | None, data: dict[str, Any], asked: Asked, capture: Capture) -> bool:
+        """Read one chunk; drop the usage-only chunk unless the client asked for usage."""
+        if "prompt_token_ids" in data:
+            capture.set_prompt(data["prompt_token_ids"])
+            if not asked.token_ids:
+                data["prompt_token_ids"] = None
+        for choice in _choices(data):
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else None
+            slot = capture.choice(choice.get("index"))
+            slot.add(choice.get("token_ids"), content_logprobs(choice.get("logprobs")), text)
+            if choice.get("finish_reason") is not None:
+                slot.finish_reason = choice["finish_reason"]
+            _strip_choice(choice, asked, pop=True)
+        usage = data.get("usage")
+        if usage is not None:
+            capture.set_usage(usage)
+            if not asked.usage:
+                if not data.get("choices"):
+                    return False
+                data.pop("usage")
+        return True
+
+
+class CompletionsApi(Api):
+    """`/v1/completions`: prompt ids per choice, `logprobs.token_logprobs`."""
+
+    kind: ClassVar[ApiKind] = "completions"
+    path = upstream_path = "/v1/completions"
+
+    def prepare(self, body: dict[str, Any]) -> Asked:
+        """Ask for token ids, the sampled tokens' logprobs and (streaming) usage."""
+        asked = Asked(
+            token_ids=bool(body.get("return_token_ids")),
+            logprobs=body.get("logprobs") is not None,
+            usage=_stream_usage(body),
+        )
+        body["return_token_ids"] = True
+        if body.get("logprobs") is None:
+            body["logprobs"] = 0
+        if body.get("stream"):
+            _force_stream_usage(body)
+        return asked
+
+    def capture_body(self, body: dict[str, Any], asked: Asked, capture: Capture) -> dict[str, Any]:
+        """Read each choice's prompt ids, token ids and token logprobs."""
+        capture.set_usage(body.get("usage"))
+        for choice in _choices(body):
+            self._capture_choice(choice, asked, capture, pop=False)
+        return body
+
+    def capture_event(self, event: str | None, data: dict[str, Any], asked: Asked, capture: Capture) -> bool:
+        """Read one chunk; drop the usage-only chunk unless the client asked for usage."""
+        for choice in _choices(data):
+            self._capture_choice(choice, asked, capture, pop=True)
+        usage = data.get("usage")
+        if usage is not None:
+            capture.set_usage(usage)
+            if not asked.usage:
+                if not data.get("choices"):
+                    return False
+                data.pop("usage")
+        return True
+
+    def _capture_choice(self, choice: dict[str, Any], asked: Asked, capture: Capture, *, pop: bool) -> None:
+        if choice.get("index", 0) == 0:
+            capture.set_prompt(choice.get("prompt_token_ids"))
+        slot = capture.choice(choice.get("index"))
+        slot.add(choice.get("token_ids"), token_logprobs(choice.get("logprobs")), choice.get("text"))
+        if choice.get("finish_reason") is not None:
+            slot.finish_reason = choice["finish_reason"]
+        _strip_choice(choice, asked, pop=pop)
+        if not asked.token_ids and "prompt_token_ids" in choice:
+            choice["prompt_token_ids"] = None
+
+
+class ResponsesApi(Api):
+    """`/v1/responses`: vLLM's raw input/output messages carry the ids; logprobs per text part."""
+
+    kind: ClassVar[ApiKind] = "responses"
+    path = upstream_path = "/v1/responses"
+
+    def prepare(self, body: dict[str, Any]) -> Asked:
+        """Ask for raw messages (token ids) and output text logprobs."""
+        include = body.get("include")
+        include = list(include) if isinstance(include, list) else []
+        asked = Asked(
+            logprobs=_RESPONSES_LOGPROBS in include,
+            response_messages=bool(body.get("enable_response_messages")),
+        )
+        if not asked.logprobs:
+            include.append(_RESPONSES_LOGPROBS)
+        body["include"] = include
+        body["enable_response_messages"] = True
+        return asked
+
+    def capture_body(self, body: dict[str, Any], asked: Asked, capture: Capture) -> dict[str, Any]:
+        """Read the finished response object."""
+        inputs = body.get("input_messages")
+        if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict):
+            capture.set_prompt(inputs[0].get("tokens"))
+        slot = capture.choice(0)
+        for message in body.get("output_messages") or []:
+            if isinstance(message, dict):
+                slot.add(message.get("tokens"), [], None)
+        for item in body.get("output") or []:
+            for part in _parts(item):
+                slot.add(None, content_logprobs({"content": part.get("logprobs")}), part.get("text"))
+                if not asked.logprobs:
+                    part["logprobs"] = None
+        slot.finish_reason = body.get("status") if isinstance(body.get("status"), str) else None
+        capture.set_usage(body.get("usage"), anthropic=True)
+        if not asked.response_messages:
+            body["input_messages"] = body["output_messages"] = None
+        if not asked.logprobs:
+            body["top_logprobs"] = None
+        return body
+
+    def capture_event(self, event: str | None, data: dict[str, Any], asked: Asked, capture: Capture) -> bool:
+        """Capture from the final event's response; strip logprobs from deltas."""
+        kind = data.get("type")
+        response = data.get("response")
+        if kind in _RESPONSES_FINAL and isinstance(response, dict):
+            self.capture_body(response, asked, capture)
+        elif isinstance(response, dict) and not asked.logprobs:
+            response["top_logprobs"] = None
+        if not asked.logprobs:
+            _strip_responses_logprobs(data)
+        return True
+
+    def is_final(self, event: str | None, data: bytes) -> bool:
+        """The response's terminal event."""
+        return event in _RESPONSES_FINAL or data == b"[DONE]"
+
+
+class MessagesApi(ChatApi):
+    """`/v1/messages` (Anthropic), sent to vLLM's chat endpoint to capture ids (see `anthropic`)."""
+
+    kind: ClassVar[ApiKind] = "messages"
+    dialect: ClassVar[Dialect] = "anthropic"
+    path = "/v1/messages"
+    upstream_path = "/v1/chat/completions"
+
+    def prepare(self, body: dict[str, Any]) -> Asked:
+        """Rewrite the Messages request as a chat request (in place), then inject as for chat."""
+        chat = to_chat_request(body)
+        body.clear()
+        body.update(chat)
+        return super().prepare(body)
+
+    def capture_body(self, body: dict[str, Any], asked: Asked, capture: Capture) -> dict[str, Any]:
+        """Capture the chat completion; answer the Messages response it is equivalent to."""
+        super().capture_body(body, asked, capture)
+        return to_message(body, str(body.get("model", "")))
+
+
+def _stream_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+def _force_stream_usage(body: dict[str, Any]) -> None:
+    options = body.get("stream_options")
+    body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+
+
+def _choices(body: dict[str, Any]) -> list[dict[str, Any]]:
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        return []
+    return [c for c in choices if isinstance(c, dict)]
+
+
+def _strip_choice(choice: dict[str, Any], asked: Asked, *, pop: bool) -> None:
+    if not asked.token_ids and "token_ids" in choice:
+        if pop:
+            del choice["token_ids"]
+        else:
+            choice["token_ids"] = None
+    if not asked.logprobs:
+        choice["logprobs"] = None
+
+
+def _parts(item: Any) -> list[dict[str, Any]]:
+    if not isinstance(item, dict) or not isinstance(item.get("content"), list):
+        return []
+    return [p for p in item["content"] if isinstance(p, dict) and p.get("type") == "output_text"]
+
+
+def _strip_responses_logprobs(data: dict[str, Any]) -> None:
+    if "logprobs" in data:
+        data["logprobs"] = []
+    part = data.get("part")
+    if isinstance(part, dict) and "logprobs" in part:
+        part["logprobs"] = None
+    for item in (data.get("item"),):
+        for part in _parts(item):
+            part["logprobs"] = None
+
+
+API_BY_PATH: dict[str, Api] = {
+    api.path: api for api in (ChatApi(), CompletionsApi(), ResponsesApi(), MessagesApi())
+}

@@ -1,0 +1,91 @@
+"""The Litestar application: proxy mounts, operations routes, admin routes, lifespan.
+
+The harness-facing routes (`/v1`, `/e/<key>/v1`, `/harnessrl`) are raw ASGI mounts of `Proxy`;
+operations (`/healthz`, `/readyz`, `/metrics`) and admin (`/admin/...`) are ordinary handlers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from litestar import Litestar, Request, Response, get
+from litestar.exceptions import HTTPException
+from litestar.handlers import asgi
+
+from harnessrl.gateway.admin import admin_router
+from harnessrl.gateway.asgi import Receive, Scope, Send
+from harnessrl.gateway.errors import error_for_status
+from harnessrl.gateway.proxy import Proxy
+from harnessrl.gateway.runtime import Gateway
+from harnessrl.gateway.settings import GatewaySettings
+from harnessrl.shared.bus.base import Bus
+
+_PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def create_app(settings: GatewaySettings, bus: Bus, *, owns_bus: bool = False) -> Litestar:
+    """Build the gateway app; its lifespan starts and stops the gateway (and the bus if owned)."""
+    gateway = Gateway(settings, bus)
+    proxy = Proxy(gateway)
+
+    async def call_proxy(scope: Scope, receive: Receive, send: Send) -> None:
+        raw_path = scope.get("raw_path")
+        scope["path"] = raw_path.decode("latin-1") if raw_path else scope["path"]
+        await proxy(scope, receive, send)
+
+    mounts = [
+        asgi(path, is_mount=True, copy_scope=True, name=f"proxy{path.replace('/', '-')}")(call_proxy)
+        for path in ("/v1", "/e", "/harnessrl")
+    ]
+
+    @get("/healthz", sync_to_thread=False)
+    def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @get("/readyz", sync_to_thread=False)
+    def readyz() -> Response[dict[str, Any]]:
+        """Readiness: bus connected and at least one healthy upstream."""
+        ready = gateway.ready
+        body = {"ready": ready, "bus": gateway.bus.connected, "upstreams": gateway.pool.any_healthy}
+        return Response(body, status_code=200 if ready else 503)
+
+    @get("/metrics", sync_to_thread=False)
+    def metrics() -> Response[bytes]:
+        """Prometheus exposition."""
+        return Response(gateway.metrics.render(), media_type=_PROMETHEUS)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+            if owns_bus:
+                await bus.close()
+
+    app = Litestar(
+        route_handlers=[*mounts, healthz, readyz, metrics, admin_router(gateway)],
+        lifespan=[lifespan],
+        exception_handlers={HTTPException: _http_error},
+        openapi_config=None,
+        debug=False,
+    )
+    app.state.gateway = gateway
+    return app
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    """Litestar's own errors (unknown route, wrong method) in the OpenAI envelope."""
+    if exc.status_code == 404:
+        message = f"unknown route {request.method} {request.url.path}"
+    elif exc.status_code == 405:
+        message = f"method {request.method} not allowed"
+    else:
+        message = str(exc.detail)
+    error = error_for_status(exc.status_code, message)
+    headers = {k.decode(): v.decode() for k, v in error.headers()}
+    return Response(error.body("openai"), status_code=error.status, headers=headers)

@@ -1,0 +1,209 @@
+"""The harness-facing routes as one raw ASGI app: auth, rewrite, forward, capture, record.
+
+Paths are `/v1/...` or `/e/<episode-key>/v1/...` (for harnesses that can only change the base
+URL), plus the artifact upload `PUT /harnessrl/v1/artifact`. Every error is answered in the
+envelope of the API the client speaks; every sampled call publishes exactly one span before its
+response completes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from harnessrl.gateway import artifacts
+from harnessrl.gateway.apis import API_BY_PATH, Api
+from harnessrl.gateway.asgi import (
+    JSON_HEADERS,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    respond,
+    respond_error,
+    span_header,
+)
+from harnessrl.gateway.auth import KeyVerifier, presented_key
+from harnessrl.gateway.capture import Asked, Capture
+from harnessrl.gateway.episodes import EpisodeCalls
+from harnessrl.gateway.errors import (
+    ApiError,
+    BadRequest,
+    Dialect,
+    Forbidden,
+    MethodNotAllowed,
+    NotFound,
+    Unavailable,
+)
+from harnessrl.gateway.forwarding import Forwarder
+from harnessrl.gateway.recorder import CallRecord, request_params
+from harnessrl.gateway.runtime import Gateway
+from harnessrl.gateway.streaming import relay_stream
+from harnessrl.shared.ids import new_id
+from harnessrl.shared.keys import EpisodeClaims
+from harnessrl.shared.log import get_logger
+
+access = get_logger("harnessrl.gateway.access")
+
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+_PASSTHROUGH = {"/v1/messages/count_tokens": "POST", "/v1/models": "GET"}
+_REQUIRED_FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
+    "chat": (("messages", list),),
+    "completions": (("prompt", (str, list)),),
+    "responses": (("input", (str, list)),),
+    "messages": (("messages", list), ("max_tokens", int)),
+}
+
+
+class Proxy:
+    """ASGI app of every harness-facing route."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.settings = gateway.settings
+        self.metrics = gateway.metrics
+        self.forwarder = Forwarder(gateway)
+        self.keys = KeyVerifier(gateway.settings.secret)
+        self._counters: dict[tuple[str, int], Any] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Route one request and account for it (metrics, access log)."""
+        path: str = scope["path"]
+        path_key: str | None = None
+        if path.startswith("/e/"):
+            path_key, _, tail = path[3:].partition("/")
+            path = "/" + tail
+        dialect: Dialect = "anthropic" if path.startswith("/v1/messages") else "openai"
+        route = path if path in API_BY_PATH or path in _PASSTHROUGH or path == artifacts.PATH else "other"
+        started = time.perf_counter()
+        status = 500
+        try:
+            status = await self._route(path, path_key, scope, receive, send)
+        except ApiError as error:
+            status = error.status
+            await respond_error(send, error, dialect)
+        except ClientGone:
+            status = 499
+        elapsed = time.perf_counter() - started
+        counter = self._counters.get((route, status))
+        if counter is None:
+            counter = self._counters[route, status] = self.metrics.requests.labels(route, str(status))
+        counter.inc()
+        self.metrics.latency.labels(route).observe(elapsed)
+        if self.settings.access_log:
+            access.info("request", method=scope["method"], route=route, status=status,
+                        ms=round(elapsed * 1000, 2))  # fmt: skip
+
+    async def _route(
+        self, path: str, path_key: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> int:
+        method = scope["method"]
+        api = API_BY_PATH.get(path)
+        if api is not None:
+            _require_method(method, "POST")
+            return await self._llm_call(api, path_key, scope, receive, send)
+        if path in _PASSTHROUGH:
+            _require_method(method, _PASSTHROUGH[path])
+            claims = self.authenticate(scope, path_key)
+            body = await read_body(scope, receive, self.settings.max_body_bytes)
+            return await self.forwarder.passthrough(claims, path, method, scope, body=body, send=send)
+        if path == artifacts.PATH:
+            _require_method(method, "PUT")
+            claims = self.authenticate(scope, path_key)
+            return await artifacts.upload(self.gateway, claims, scope, receive, send)
+        raise NotFound(f"unknown route {method} {path}")
+
+    def authenticate(self, scope: Scope, path_key: str | None) -> EpisodeClaims:
+        """Verify the episode key (path, `x-api-key` or bearer) and that the episode is open."""
+        claims = self.keys.verify(presented_key(scope, path_key))
+        if self.gateway.episodes.is_closed(claims.run, claims.episode):
+            raise Forbidden("episode is closed")
+        return claims
+
+    async def _llm_call(
+        self, api: Api, path_key: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> int:
+        claims = self.authenticate(scope, path_key)
+        body = _parse_body(await read_body(scope, receive, self.settings.max_body_bytes), api)
+        call = CallRecord(run=claims.run, episode=claims.episode, api=api.kind, span_id=new_id("span"))
+        call.params = request_params(body)
+        call.stream = body.get("stream") is True
+        asked = api.prepare(body)
+        if self.settings.sampling:
+            body.update(self.settings.sampling)
+        gate = self.gateway.gate
+        if not await gate.enter():
+            raise Unavailable("paused for a weight update", retry_after=5.0)
+        self.metrics.in_flight.inc()
+        try:
+            calls = await self._episode_calls(claims)
+            if call.stream:
+                return await relay_stream(
+                    self.forwarder, api, call, calls,
+                    body=body, asked=asked, scope=scope, receive=receive, send=send,
+                )  # fmt: skip
+            return await self._complete(api, call, calls, body=body, asked=asked, scope=scope, send=send)
+        finally:
+            gate.leave()
+            self.metrics.in_flight.dec()
+
+    async def _episode_calls(self, claims: EpisodeClaims) -> EpisodeCalls:
+        try:
+            return await self.gateway.episodes.calls(claims.run, claims.episode)
+        except Exception as exc:
+            raise Unavailable("the span store is unavailable", retry_after=2.0) from exc
+
+    async def _complete(
+        self, api: Api, call: CallRecord, calls: EpisodeCalls, *,
+        body: dict[str, Any], asked: Asked, scope: Scope, send: Send,
+    ) -> int:  # fmt: skip
+        upstream, status, raw, headers = await self.forwarder.call(api, call, body, scope)
+        if status != 200:
+            await respond(send, status, raw, headers)
+            return status
+        capture = Capture()
+        try:
+            data = api.capture_body(_decoder.decode(raw), asked, capture)
+        except (msgspec.DecodeError, AttributeError, TypeError, ValueError, KeyError) as exc:
+            raise self.forwarder.garbage(upstream, exc) from exc
+        out = _encoder.encode(data)
+        version = self.gateway.weights.version(call.run, upstream.weight_version)
+        recorder = self.gateway.recorder
+        span = recorder.build(call, calls, capture, status="ok", weight_version_end=version)
+        await recorder.publish(span, calls, capture)
+        await respond(send, 200, out, [*JSON_HEADERS, span_header(call.span_id)])
+        return 200
+
+
+def _require_method(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise MethodNotAllowed(f"use {allowed}")
+
+
+def _parse_body(raw: bytes, api: Api) -> dict[str, Any]:
+    """Decode and shape-check the fields the gateway relies on; the upstream checks the rest."""
+    try:
+        body = _decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    for name, kind in _REQUIRED_FIELDS[api.kind]:
+        value = body.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise BadRequest(f"`{name}` is required and must be {_kind_name(kind)}")
+    if not isinstance(body.get("stream", False), bool):
+        raise BadRequest("`stream` must be a boolean")
+    if "model" in body and not isinstance(body["model"], str):
+        raise BadRequest("`model` must be a string")
+    return body
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {list: "an array", str: "a string", int: "an integer"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)

@@ -1,0 +1,89 @@
+"""The gateway's running parts, wired once per process and started/stopped with the app."""
+
+from __future__ import annotations
+
+import asyncio
+
+from harnessrl.gateway.episodes import EpisodeBook
+from harnessrl.gateway.metrics import GatewayMetrics
+from harnessrl.gateway.recorder import SpanRecorder
+from harnessrl.gateway.settings import GatewaySettings
+from harnessrl.gateway.upstreams import UpstreamPool
+from harnessrl.gateway.weights import PauseGate, WeightBook
+from harnessrl.shared import subjects
+from harnessrl.shared.bus.base import Bus, ConsumerSpec, Delivery, Subscription
+from harnessrl.shared.contracts import UpstreamRegistration
+from harnessrl.shared.log import get_logger
+
+log = get_logger("harnessrl.gateway")
+
+
+class Gateway:
+    """Settings, bus and every stateful component of one gateway process."""
+
+    def __init__(self, settings: GatewaySettings, bus: Bus) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.metrics = GatewayMetrics()
+        self.episodes = EpisodeBook(bus, cache_size=settings.episode_cache_size)
+        self.weights = WeightBook(bus)
+        self.gate = PauseGate(settings.pause_wait_s)
+        self.pool = UpstreamPool(
+            max_in_flight=settings.max_in_flight_per_upstream,
+            connect_timeout_s=settings.connect_timeout_s,
+            unhealthy_after=settings.unhealthy_after_failures,
+            health_interval_s=settings.health_interval_s,
+        )
+        self.recorder = SpanRecorder(bus, self.metrics, timeout_s=settings.span_publish_timeout_s)
+        self._registrations: Subscription | None = None
+        for url in settings.upstreams:
+            self.pool.register(url)
+
+    async def start(self) -> None:
+        """Connect-dependent start-up: streams, followers, upstream session."""
+        if not self.bus.connected:
+            await self.bus.connect()
+        await self.bus.ensure_streams(
+            [subjects.SPANS, subjects.EPISODES, subjects.WEIGHTS, subjects.UPSTREAMS]
+        )
+        await self.pool.start()
+        await self.episodes.start()
+        await self.weights.start()
+        spec = ConsumerSpec(stream=subjects.UPSTREAMS.name, filter_subject=subjects.upstreams())
+        self._registrations = await self.bus.subscribe(spec, self._on_registration)
+        log.info("gateway.started", upstreams=list(self.pool.upstreams))
+
+    async def stop(self) -> None:
+        """Stop followers and close upstream connections (the bus belongs to the caller)."""
+        followers = [self.weights.stop(), self.episodes.stop()]
+        if self._registrations is not None:
+            followers.append(self._registrations.stop())
+        await asyncio.gather(*followers)
+        await self.pool.close()
+
+    async def _on_registration(self, delivery: Delivery) -> None:
+        message = delivery.decode(UpstreamRegistration)
+        self.register(message)
+
+    def register(self, message: UpstreamRegistration) -> None:
+        """Apply a replica's registration or withdrawal."""
+        if message.active:
+            self.pool.register(message.url, model=message.model, weight_version=message.weight_version)
+        else:
+            self.pool.withdraw(message.url)
+
+    @property
+    def ready(self) -> bool:
+        """Bus connected and at least one healthy replica."""
+        return self.bus.connected and self.pool.any_healthy
+
+    def status(self) -> dict[str, object]:
+        """What `/admin/status` reports."""
+        return {
+            "paused": self.gate.paused,
+            "in_flight": self.gate.in_flight,
+            "bus_connected": self.bus.connected,
+            "upstreams": [u.status() for u in self.pool.upstreams.values()],
+            "weight_versions": dict(self.weights.versions),
+            "closed_episodes": len(self.episodes.closed),
+        }

@@ -1,0 +1,76 @@
+"""The gateway's settings: one Struct, every default documented, read from TOML and `HRL_GATEWAY_*`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from harnessrl.shared.settings import SettingsError, load_settings
+
+ENV_PREFIX = "HRL_GATEWAY_"
+
+
+class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the gateway listens, authenticates, routes and records."""
+
+    host: str = "127.0.0.1"
+    port: int = 8300
+    # HMAC secret shared with the controller, which signs each episode's key with it.
+    key_secret: str = ""
+    # Bearer token of the admin routes (pause/resume/upstreams/status); empty disables them.
+    admin_token: str = ""
+    nats_url: str = "nats://127.0.0.1:4222"
+    # vLLM replicas known at start; more arrive as UpstreamRegistration messages on the bus.
+    upstreams: list[str] = msgspec.field(default_factory=list)
+    # The policy's served model name; every request's `model` is set to it ("" keeps the client's).
+    served_model: str = ""
+    # Sampling parameters forced on every LLM call (the run's policy, e.g. temperature 1 in training).
+    sampling: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Bigger request bodies get 413 (agents send long contexts; 16 MiB is far above any window).
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_artifact_bytes: int = 16 * 1024 * 1024
+    # At most this many calls in flight per replica; more wait for a slot (vLLM batches them anyway).
+    max_in_flight_per_upstream: int = 512
+    connect_timeout_s: float = 5.0
+    # A sampling call can legitimately run for minutes; this bounds a stuck upstream.
+    read_timeout_s: float = 600.0
+    # A replica that fails this many calls in a row leaves the ring until a health check passes.
+    unhealthy_after_failures: int = 3
+    health_interval_s: float = 5.0
+    # While paused (weight update) new calls wait this long, then get 503 with Retry-After.
+    pause_wait_s: float = 30.0
+    # How long a span publish may keep retrying before the call is answered 503.
+    span_publish_timeout_s: float = 10.0
+    # Episodes whose parent span and call counter stay cached (others are rebuilt from the bus).
+    episode_cache_size: int = 4096
+    access_log: bool = True
+    log_level: str = "INFO"
+    # "uvicorn" or "granian": the ASGI server `harnessrl gateway` runs.
+    server: str = "uvicorn"
+
+    def __post_init__(self) -> None:
+        """Reject values the gateway could not run with."""
+        if not 0 <= self.port < 65536:
+            raise msgspec.ValidationError("Expected `port` in 0..65535")
+        if self.server not in ("uvicorn", "granian"):
+            raise msgspec.ValidationError("Expected `server` to be uvicorn or granian")
+        for name in ("max_body_bytes", "max_in_flight_per_upstream", "unhealthy_after_failures"):
+            if getattr(self, name) < 1:
+                raise msgspec.ValidationError(f"Expected `{name}` >= 1")
+
+    @property
+    def secret(self) -> bytes:
+        """The key secret as bytes."""
+        return self.key_secret.encode()
+
+
+def load_gateway_settings(toml_path: Path | str | None = None, **overrides: Any) -> GatewaySettings:
+    """Read settings from `[gateway]` in a TOML file and `HRL_GATEWAY_*`; fail fast without a secret."""
+    settings = load_settings(
+        GatewaySettings, prefix=ENV_PREFIX, section="gateway", toml_path=toml_path, **overrides
+    )
+    if not settings.key_secret:
+        raise SettingsError(f"{ENV_PREFIX}KEY_SECRET is required (the episode key signing secret)")
+    return settings

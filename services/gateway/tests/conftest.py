@@ -1,0 +1,51 @@
+"""Gateway test fixtures: episodes with keys and a canned upstream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from harnessrl.gateway.canned_upstream import CannedUpstream
+from harnessrl.gateway.testing import Episode, RunningGateway, serve_gateway, settings_for
+from harnessrl.shared.bus import NatsBus
+from harnessrl.shared.natsserver import NatsServer
+
+
+@pytest.fixture
+def episode() -> Episode:
+    return Episode()
+
+
+@pytest.fixture
+async def canned() -> AsyncIterator[CannedUpstream]:
+    upstream = CannedUpstream()
+    await upstream.start()
+    yield upstream
+    await upstream.stop()
+
+
+@pytest.fixture(scope="module")
+async def module_bus(nats_server: NatsServer) -> AsyncIterator[NatsBus]:
+    """A bus shared by one module's tests (the gateway's teardown costs a second per bus)."""
+    client = NatsBus(nats_server.url, publish_retry_s=15.0)
+    await client.connect()
+    await client.ensure_streams()
+    yield client
+    await client.close()
+
+
+@pytest.fixture(scope="module")
+async def module_canned() -> AsyncIterator[CannedUpstream]:
+    upstream = CannedUpstream()
+    await upstream.start()
+    yield upstream
+    await upstream.stop()
+
+
+@pytest.fixture(scope="module")
+async def canned_gateway(module_canned: CannedUpstream, module_bus: NatsBus) -> AsyncIterator[RunningGateway]:
+    """One gateway in front of the canned upstream for a whole module (4 KiB body limit)."""
+    settings = settings_for([module_canned.url], max_body_bytes=4096)
+    async with serve_gateway(settings, module_bus) as running:
+        yield running

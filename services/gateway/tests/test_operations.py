@@ -1,0 +1,247 @@
+"""Operations: admin routes, pause, weight versions, replicas and routing, metrics, artifacts, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from harnessrl.gateway.canned_upstream import CannedUpstream
+from harnessrl.gateway.testing import ADMIN, Episode, serve_gateway, settings_for
+from harnessrl.shared import subjects
+from harnessrl.shared.bus.base import Bus
+from harnessrl.shared.contracts import AgentExited, UpstreamRegistration, WeightVersion
+from harnessrl.shared.ids import new_id
+from harnessrl.shared.subjects import ARTIFACTS_BUCKET
+from harnessrl.shared.tokens import reconstruct_prompts
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN}"}
+
+
+async def _request(
+    method: str, url: str, *, key: str | None = None, json: Any = None, data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, dict[str, str]]:  # fmt: skip
+    all_headers = dict(headers or {})
+    if key:
+        all_headers["authorization"] = f"Bearer {key}"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(method, url, json=json, data=data, headers=all_headers) as response,
+    ):
+        text = await response.text()
+        body: Any = text
+        if response.content_type == "application/json":
+            body = await response.json()
+        return response.status, body, dict(response.headers)
+
+
+async def _eventually(check: Callable[[], bool | Awaitable[bool]], what: str) -> None:
+    for _ in range(250):
+        result = check()
+        if result if isinstance(result, bool) else await result:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_admin_routes_need_the_admin_token(canned: CannedUpstream, bus: Bus) -> None:
+    episode = Episode()
+    async with serve_gateway(settings_for([canned.url]), bus) as gateway:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": f"Bearer {episode.key}"}):
+            status, body, _ = await _request("GET", gateway.url + "/admin/status", headers=headers)
+            assert status == 401
+            assert body["error"]["type"] == "authentication_error"
+        status, body, _ = await _request("GET", gateway.url + "/admin/status", headers=ADMIN_HEADERS)
+        assert status == 200
+        assert body["upstreams"][0]["url"] == canned.url
+        for path in ("/healthz", "/readyz"):
+            status, _, _ = await _request("GET", gateway.url + path)
+            assert status == 200
+
+
+async def test_pause_holds_new_calls_until_resume_or_timeout(canned: CannedUpstream, bus: Bus) -> None:
+    episode = Episode()
+    async with serve_gateway(settings_for([canned.url], pause_wait_s=1.5), bus) as gateway:
+        status, body, _ = await _request(
+            "POST", gateway.url + "/admin/pause?drain_s=1", headers=ADMIN_HEADERS
+        )
+        assert (status, body["paused"], body["drained"]) == (200, True, True)
+        held = asyncio.ensure_future(
+            _request("POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT)
+        )
+        await asyncio.sleep(0.3)
+        assert not held.done()
+        assert canned.requests == 0
+        await _request("POST", gateway.url + "/admin/resume", headers=ADMIN_HEADERS)
+        status, _, _ = await held
+        assert status == 200
+        await _request("POST", gateway.url + "/admin/pause", headers=ADMIN_HEADERS)
+        status, body, headers = await _request(
+            "POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT
+        )
+        assert status == 503
+        assert int(headers["Retry-After"]) >= 1
+        assert body["error"]["type"] == "server_error"
+    assert len(await episode.spans(bus)) == 1
+
+
+async def test_spans_carry_the_weight_version(canned: CannedUpstream, bus: Bus) -> None:
+    episode = Episode(run=new_id("wrun"))
+    async with serve_gateway(settings_for([canned.url]), bus) as gateway:
+        await _request("POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT)
+        message = WeightVersion(run=episode.run, version=3, step=30)
+        await bus.publish(subjects.weights(episode.run), message, msg_id=f"{episode.run}:3")
+        await _eventually(lambda: gateway.gateway.weights.version(episode.run) == 3, "version 3")
+        await _request("POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT)
+    spans = await episode.spans(bus)
+    assert [(s.weight_version_start, s.weight_version_end) for s in spans] == [(0, 0), (3, 3)]
+
+
+async def test_replicas_register_on_the_bus_and_by_admin(bus: Bus) -> None:
+    episode = Episode()
+    first, second = CannedUpstream(), CannedUpstream()
+    await first.start()
+    await second.start()
+    try:
+        async with serve_gateway(settings_for([]), bus) as gateway:
+            status, _, _ = await _request(
+                "POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT
+            )
+            assert status == 503
+            registration = UpstreamRegistration(url=first.url, model="policy", weight_version=2)
+            await bus.publish(subjects.upstreams(), registration, msg_id=new_id("reg"))
+            await _eventually(lambda: first.url in gateway.gateway.pool.upstreams, "registration")
+            status, _, _ = await _request(
+                "POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT
+            )
+            assert status == 200
+            assert first.bodies[-1]["model"] == "policy"
+            status, body, _ = await _request(
+                "POST", gateway.url + "/admin/upstreams", headers=ADMIN_HEADERS,
+                json={"url": second.url, "model": "policy"},
+            )  # fmt: skip
+            assert status == 200
+            assert {u["url"] for u in body["upstreams"]} == {first.url, second.url}
+    finally:
+        await first.stop()
+        await second.stop()
+    span = (await episode.spans(bus))[0]
+    assert (span.upstream, span.weight_version_start) == (first.url, 2)
+
+
+async def test_sticky_routing_failover_and_recovery(bus: Bus) -> None:
+    replicas = [CannedUpstream(), CannedUpstream()]
+    for replica in replicas:
+        await replica.start()
+    episodes = [Episode() for _ in range(12)]
+    try:
+        async with serve_gateway(settings_for([r.url for r in replicas]), bus) as gateway:
+            url = gateway.url + "/v1/chat/completions"
+            for episode in episodes * 2:
+                assert (await _request("POST", url, key=episode.key, json=CHAT))[0] == 200
+            homes = {}
+            for episode in episodes:
+                spans = await episode.spans(bus)
+                assert len({s.upstream for s in spans}) == 1, "an episode moved between replicas"
+                homes[episode.episode] = spans[0].upstream
+            assert set(homes.values()) == {r.url for r in replicas}
+            # One replica dies: its episodes fail over (nothing reached it, so the call is retried).
+            port = replicas[0].port
+            await replicas[0].stop()
+            for episode in episodes:
+                assert (await _request("POST", url, key=episode.key, json=CHAT))[0] == 200
+            # It comes back on the same port: the health probe returns it to the ring.
+            replicas[0] = CannedUpstream(port=port)
+            await replicas[0].start()
+            pool = gateway.gateway.pool
+            await _eventually(lambda: pool.upstreams[replicas[0].url].healthy, "recovery")
+    finally:
+        for replica in replicas:
+            await replica.stop()
+    moved = [e for e in episodes if homes[e.episode] == replicas[0].url]
+    assert moved
+    for episode in moved:
+        assert (await episode.spans(bus))[-1].upstream == replicas[1].url
+
+
+async def test_metrics_follow_prometheus_conventions(canned: CannedUpstream, bus: Bus) -> None:
+    episode = Episode()
+    async with serve_gateway(settings_for([canned.url]), bus) as gateway:
+        await _request("POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT)
+        await _request(
+            "POST", gateway.url + "/v1/chat/completions", key=episode.key, json={**CHAT, "stream": True}
+        )
+        await _request("POST", gateway.url + "/v1/chat/completions", json=CHAT)
+        status, text, headers = await _request("GET", gateway.url + "/metrics")
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain")
+    assert 'harnessrl_gateway_requests_total{code="200",route="/v1/chat/completions"} 2.0' in text
+    assert 'harnessrl_gateway_requests_total{code="401",route="/v1/chat/completions"} 1.0' in text
+    for name in (
+        "harnessrl_gateway_request_duration_seconds_bucket",
+        "harnessrl_gateway_time_to_first_token_seconds_bucket",
+        "harnessrl_gateway_span_publish_duration_seconds_count 2.0",
+        "harnessrl_gateway_span_publish_failures_total 0.0",
+        "harnessrl_gateway_in_flight_requests 0.0",
+    ):
+        assert name in text
+    assert episode.episode not in text and episode.run not in text
+
+
+async def test_artifact_upload(canned: CannedUpstream, bus: Bus) -> None:
+    episode = Episode()
+    patch = b"diff --git a/x b/x\n+fixed\n"
+    async with serve_gateway(settings_for([canned.url], max_artifact_bytes=1024), bus) as gateway:
+        url = f"{gateway.url}/e/{episode.key}/harnessrl/v1/artifact"
+        status, body, _ = await _request("PUT", url, data=patch)
+        assert status == 200
+        name = f"{episode.run}/{episode.episode}/patch"
+        assert body == {"object": name, "size": len(patch), "sha256": hashlib.sha256(patch).hexdigest()}
+        assert await bus.get_object(ARTIFACTS_BUCKET, name) == patch
+        status, body, _ = await _request(
+            "PUT", gateway.url + "/harnessrl/v1/artifact", key=episode.key, data=b"42",
+            headers={"x-artifact-kind": "answer"},
+        )  # fmt: skip
+        assert (status, body["object"]) == (200, f"{episode.run}/{episode.episode}/answer")
+        assert (await _request("PUT", url, data=b"x", headers={"x-artifact-kind": "exe"}))[0] == 400
+        assert (await _request("PUT", url, data=b"x" * 2000))[0] == 413
+        assert (await _request("PUT", gateway.url + "/harnessrl/v1/artifact", data=b"x"))[0] == 401
+        exited = AgentExited(run=episode.run, episode=episode.episode, task="t", group="g")
+        subject = subjects.episode_event(episode.run, episode.episode, "agent_exited")
+        await bus.publish(subject, exited, msg_id=f"{episode.episode}:agent_exited")
+        await _eventually(lambda: gateway.gateway.episodes.is_closed(episode.run, episode.episode), "close")
+        assert (await _request("PUT", url, data=patch))[0] == 403
+    assert await episode.spans(bus) == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_seq_and_deltas_survive_a_gateway_restart(
+    canned: CannedUpstream, bus: Bus, stream: bool
+) -> None:
+    episode = Episode()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+    for _ in range(2):  # two gateway lifetimes, two calls each
+        async with serve_gateway(settings_for([canned.url]), bus) as gateway:
+            for turn in range(2):
+                body = {"messages": history, "stream": stream}
+                status, _, _ = await _request(
+                    "POST", gateway.url + "/v1/chat/completions", key=episode.key, json=body
+                )
+                assert status == 200
+                history = [
+                    *history,
+                    {"role": "assistant", "content": "Hello from the canned upstream."},
+                    {"role": "user", "content": f"turn {turn}"},
+                ]
+    spans = await episode.spans(bus)
+    assert [s.seq for s in spans] == [0, 1, 2, 3]
+    assert [s.parent_span for s in spans] == [None, *(s.span_id for s in spans[:-1])]
+    prompts = reconstruct_prompts(spans)
+    assert all(len(prompts[s.span_id]) == s.prompt_len for s in spans)
+    assert sum(len(s.prompt_suffix_ids) for s in spans) < sum(s.prompt_len for s in spans) / 2
