@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 py=${PYTHON:-python3}
 cache=${HARNESSRL_CACHE:-$HOME/.cache/harnessrl}
-key=$(cat requirements.lock scripts/dev.sh | sha256sum | cut -c1-16)
+key=$(sha256sum < requirements.lock | cut -c1-16)
 venv="$cache/venv-$key"
 packages=(shared services/gateway services/controller services/reward services/trainer)
 

@@ -17,7 +17,11 @@ from harnessrl.shared.demo.tasks import task_spec, write_tasks
 def harnessrl(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     cli = Path(sys.executable).parent / "harnessrl"
     return subprocess.run(
-        [str(cli), "train", *args, "--home", str(home)], capture_output=True, text=True, timeout=120, check=False
+        [str(cli), "train", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -39,7 +43,9 @@ def orphans(home: Path) -> list[str]:
 def spec_file(tmp_path: Path) -> Path:
     write_tasks(tmp_path / "tasks.jsonl", [task_spec(12, 34)])
     spec = tmp_path / "run.toml"
-    spec.write_text('run = "cli-test"\ntasks = "tasks.jsonl"\nmax_steps = 1\n[launcher]\ncommand = ["true"]\n')
+    spec.write_text(
+        'run = "cli-test"\ntasks = "tasks.jsonl"\nmax_steps = 1\n[launcher]\ncommand = ["true"]\n'
+    )
     return spec
 
 
@@ -65,7 +71,9 @@ def test_port_in_use(tmp_path: Path, spec_file: Path, tiny_model: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = harnessrl(str(spec_file), "--model", str(tiny_model), "--gateway-port", str(port), home=tmp_path / "home")
+        done = harnessrl(
+            str(spec_file), "--model", str(tiny_model), "--gateway-port", str(port), home=tmp_path / "home"
+        )
     assert done.returncode == 1
     assert f"gateway port {port} is already in use" in done.stderr and "Traceback" not in done.stderr
     assert orphans(tmp_path / "home") == []

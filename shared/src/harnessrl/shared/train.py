@@ -100,6 +100,7 @@ class TrainSession:
         bus = NatsBus(self.stack.nats_url)
         await bus.connect()
         try:
+            await bus.ensure_streams()
             follower = RunFollower(bus, self.spec.run, self.spec.max_steps)
             follower.progress = self.progress
             await follower.start()

@@ -19,7 +19,7 @@ def tiny_model() -> Path:
     """Return the default tiny Qwen3 chat model's directory (built once per machine)."""
     # Imported here: torch and transformers take seconds to import, and this plugin loads in every
     # test session, most of which never ask for the model.
-    from harnessrl.shared.testing.tiny_model import cached_tiny_model  # noqa: PLC0415
+    from harnessrl.shared.testing.tiny_model import cached_tiny_model
 
     return cached_tiny_model()
 
