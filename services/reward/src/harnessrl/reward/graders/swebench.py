@@ -1,0 +1,56 @@
+"""The SWE-bench grader: a task of kind "swe" whose instance names its pristine repository."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from harnessrl.reward.grading import Grade, GradingContext
+from harnessrl.reward.swe.instance import InstanceError, SweInstance
+from harnessrl.reward.swe.kube import KubernetesGrader, grade_with_job
+from harnessrl.reward.swe.pipeline import grade_patch
+from harnessrl.shared.contracts import TaskSpec
+
+
+def _infra(reason: str) -> Grade:
+    return Grade(reward=0.0, outcome="infra-error", details={"reason": reason})
+
+
+class SweBenchGrader:
+    """Grades a patch against the instance's pristine repository, locally or in a Job."""
+
+    def __init__(self, context: GradingContext) -> None:
+        self.context = context
+        self._kubernetes: KubernetesGrader | None = None
+
+    @classmethod
+    def from_context(cls, context: GradingContext) -> SweBenchGrader:
+        """Build the grader for the service's settings."""
+        return cls(context)
+
+    async def grade(self, task: TaskSpec, artifact: bytes) -> Grade:
+        """Grade the agent's diff for `task`."""
+        if task.instance is None:
+            return _infra("task has no instance")
+        try:
+            instance = SweInstance.from_row(task.instance)
+        except InstanceError as exc:
+            return _infra(str(exc))
+        if self.context.sandbox == "kubernetes":
+            if instance.image is None:
+                return _infra("instance has no image for the Kubernetes sandbox")
+            episode = uuid.uuid4().hex[:12]
+            return await grade_with_job(instance, artifact, self.context, self._cluster(), episode)
+        if instance.repo_path is None:
+            return _infra("instance has no repo_path for the local sandbox")
+        pristine = self.context.resolve(instance.repo_path)
+        return await grade_patch(instance, pristine, artifact, self.context)
+
+    def _cluster(self) -> KubernetesGrader:
+        if self._kubernetes is None:
+            from kubernetes import client, config
+
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            api: Any = client.ApiClient()
+            self._kubernetes = KubernetesGrader(self.context.namespace, api)
+        return self._kubernetes

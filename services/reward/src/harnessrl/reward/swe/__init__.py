@@ -1,0 +1,1 @@
+"""SWE-bench-style grading: patch application, test-file reset, sandboxed pytest, resolution."""

@@ -1,0 +1,155 @@
+"""The local sandbox: run one command over a workspace with a timeout, limits and no network.
+
+Hardening, each applied when this machine allows it (probed once, reported in every result):
+a new network namespace (`unshare -n`, so only a down loopback exists), an unprivileged user
+(`setpriv` to nobody, so the command cannot write the pristine repositories or the grader's files),
+rlimits (address space, file size, processes, CPU, no core dumps), a scrubbed environment, its
+own process group killed whole on timeout, and output capped by the file-size limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import time
+from functools import cache
+from pathlib import Path
+
+import msgspec
+
+from harnessrl.shared.log import get_logger
+
+NOBODY = 65534
+_log = get_logger("harnessrl.reward.sandbox")
+
+
+class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """Resource limits for one sandboxed command."""
+
+    timeout_s: float = 120.0
+    memory_bytes: int = 2 * 1024**3
+    file_bytes: int = 64 * 1024**2
+    processes: int = 512
+    isolate_network: bool = True
+    drop_privileges: bool = True
+
+
+class RunResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What one sandboxed command did."""
+
+    exit_code: int
+    timed_out: bool
+    duration_s: float
+    network_isolated: bool
+    unprivileged: bool
+
+
+@cache
+def network_isolation_available() -> bool:
+    """Whether `unshare -n` works here (needs root or user namespaces)."""
+    return _probe(["unshare", "-n", "--", "true"])
+
+
+@cache
+def privilege_drop_available(python: str) -> bool:
+    """Whether `python` can run pytest as nobody.
+
+    That needs root, `setpriv`, and an interpreter nobody can reach (a virtualenv under a private
+    home directory is not).
+    """
+    probe = [*_setpriv_prefix(), python, "-I", "-c", "import pytest"]
+    return os.geteuid() == 0 and _probe(probe)
+
+
+def _probe(command: list[str]) -> bool:
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _setpriv_prefix() -> list[str]:
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+
+
+def _limit_child(limits: SandboxLimits) -> None:
+    """Runs in the child between fork and exec: apply rlimits."""
+    cpu = int(limits.timeout_s) + 5
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def base_environment(home: Path) -> dict[str, str]:
+    """The only variables a sandboxed command sees (nothing from the grader's environment)."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "TMPDIR": str(home),
+    }
+
+
+def give_to_nobody(root: Path) -> None:
+    """Hand a workspace to the unprivileged user so the sandboxed command can write there."""
+    os.chown(root, NOBODY, NOBODY)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.chown(os.path.join(folder, name), NOBODY, NOBODY, follow_symlinks=False)
+
+
+async def run_sandboxed(
+    command: list[str],
+    *,
+    cwd: Path,
+    log_path: Path,
+    env: dict[str, str],
+    limits: SandboxLimits,
+) -> RunResult:
+    """Run `command` in `cwd`, stdout and stderr to `log_path`, under `limits`."""
+    isolated = limits.isolate_network and network_isolation_available()
+    unprivileged = limits.drop_privileges and privilege_drop_available(command[0])
+    prefix = (["unshare", "-n", "--"] if isolated else []) + (_setpriv_prefix() if unprivileged else [])
+    started = time.monotonic()
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            *prefix,
+            *command,
+            cwd=cwd,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: _limit_child(limits),
+        )
+        timed_out = False
+        try:
+            exit_code = await asyncio.wait_for(process.wait(), timeout=limits.timeout_s)
+        except TimeoutError:
+            timed_out = True
+            _kill_group(process.pid)
+            exit_code = await process.wait()
+    _kill_group(process.pid)  # leftovers a test may have spawned in the background
+    return RunResult(
+        exit_code=exit_code,
+        timed_out=timed_out,
+        duration_s=time.monotonic() - started,
+        network_isolated=isolated,
+        unprivileged=unprivileged,
+    )
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,116 @@
+"""Simple graders, the plug-in interface, and the rules and log parsing they rely on."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from harnessrl.reward.graders.simple import last_number
+from harnessrl.reward.grading import GradingContext, UnknownGraderError, build_grader
+from harnessrl.reward.swe.rules import GradingRules, evaluate, exit_code_agrees, log_agrees, reward_of
+from harnessrl.shared.contracts import TaskSpec
+
+CONTEXT = GradingContext()
+
+
+def qa(answer: str, grader: str) -> TaskSpec:
+    return TaskSpec(task_id="t", kind="qa", prompt="?", answer=answer, grader=grader)
+
+
+@pytest.mark.parametrize(
+    ("grader", "answer", "artifact", "reward"),
+    [
+        ("numeric", "408", b"CALC 17*24\nRESULT 408\nANSWER 408", 1.0),
+        ("numeric", "408", b"ANSWER 407", 0.0),
+        ("numeric", "408", b"ANSWER 408.0", 1.0),
+        ("numeric", "1234", b"the answer is 1,234", 1.0),
+        ("numeric", "-3.5", b"ANSWER -3.5", 1.0),
+        ("numeric", "408", b"408 ... no wait, ANSWER 409", 0.0),
+        ("numeric", "408", b"no number at all", 0.0),
+        ("exact", "Paris", b"  paris \n", 1.0),
+        ("exact", "Paris", b"Paris, France", 0.0),
+        ("regex", r"\bANSWER\s+408\b", b"ANSWER 408", 1.0),
+        ("regex", r"\bANSWER\s+408\b", b"ANSWER 4080", 0.0),
+    ],
+)
+async def test_simple_graders(grader: str, answer: str, artifact: bytes, reward: float) -> None:
+    grade = await build_grader(grader, CONTEXT).grade(qa(answer, grader), artifact)
+    assert grade.reward == reward
+    assert grade.resolved is (reward == 1.0)
+    assert grade.outcome == "graded"
+
+
+@pytest.mark.parametrize("artifact", [b"\xff\xfe ANSWER 408", b"ANSWER \x00408", b"9" * 70000])
+async def test_simple_graders_reject_garbage(artifact: bytes) -> None:
+    grade = await build_grader("numeric", CONTEXT).grade(qa("408", "numeric"), artifact)
+    assert (grade.outcome, grade.reward) == ("invalid-artifact", 0.0)
+
+
+def test_last_number() -> None:
+    assert last_number("CALC 3*4 RESULT 12 ANSWER 12.") == 12.0
+    assert last_number("nothing") is None
+
+
+PLUGIN = '''
+from harnessrl.reward.grading import Grade
+
+
+class LengthGrader:
+    """Rewards short answers: a custom reward someone ships in their own package."""
+
+    async def grade(self, task, artifact):
+        return Grade(reward=1.0 / (1 + len(artifact)), resolved=None, details={"len": len(artifact)})
+'''
+
+
+async def test_plugin_grader_is_found_by_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "shortness.py").write_text(PLUGIN)
+    dist = tmp_path / "shortness-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: shortness\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[harnessrl.graders]\nshortness = shortness:LengthGrader\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    grade = await build_grader("shortness", CONTEXT).grade(qa("", "shortness"), b"abc")
+    assert grade.reward == 0.25 and grade.details == {"len": 3}
+    monkeypatch.delitem(sys.modules, "shortness")
+
+
+def test_unknown_grader() -> None:
+    with pytest.raises(UnknownGraderError):
+        build_grader("no-such-grader", CONTEXT)
+
+
+def test_f2p_statuses() -> None:
+    f2p = ["t::pass", "t::xfail", "t::skip", "t::fail", "t::error", "t::missing"]
+    statuses = {
+        "t::pass": "PASSED",
+        "t::xfail": "XFAIL",
+        "t::skip": "SKIPPED",
+        "t::fail": "FAILED",
+        "t::error": "ERROR",
+    }
+    report = evaluate(statuses, f2p, [])
+    assert report.f2p_success == ["t::pass"]
+    assert report.resolution == "RESOLVED_PARTIAL"
+    assert not report.resolved
+
+
+def test_p2p_statuses_and_partial_credit() -> None:
+    statuses = {"t::a": "PASSED", "t::b": "SKIPPED", "t::c": "FAILED", "t::d": "PASSED"}
+    report = evaluate(statuses, ["t::a", "t::c"], ["t::b", "t::d"])
+    assert report.p2p_failure == [] and report.f2p_rate == 0.5
+    assert reward_of(report) == 0.0
+    assert reward_of(report, GradingRules(partial_credit=True)) == 0.5
+    broken = evaluate(statuses, ["t::a"], ["t::c"])
+    assert broken.resolution == "RESOLVED_NO"
+
+
+def test_exit_code_and_log_must_agree_with_the_report() -> None:
+    assert exit_code_agrees(0, {"t::a": "PASSED"})
+    assert not exit_code_agrees(0, {"t::a": "FAILED"})
+    assert not exit_code_agrees(1, {"t::a": "PASSED"})
+    assert not exit_code_agrees(0, {})
+    assert exit_code_agrees(2, {"t.py": "ERROR"})
+    assert log_agrees({"t::a": "FAILED"}, {"t::a": "ERROR"}, ["t::a"])
+    assert not log_agrees({"t::a": "FAILED"}, {"t::a": "PASSED"}, ["t::a"])
+    assert not log_agrees({}, {"t::a": "PASSED"}, ["t::a"])

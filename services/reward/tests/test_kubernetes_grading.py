@@ -1,0 +1,120 @@
+"""The Kubernetes grading Job: validated manifests, hardening, and the pod runner for real.
+
+The API round trip (create, watch, logs, delete against an API server) is left to the
+cross-service tests, which own the fake API server; here the runner script the Job executes is
+run locally on a tinyswe checkout and its output graded like a pod's log.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from harnessrl.reward.grading import GradingContext
+from harnessrl.reward.swe.instance import SweInstance
+from harnessrl.reward.swe.kube import (
+    config_map,
+    grading_job,
+    job_name,
+    parse_pod_output,
+)
+from harnessrl.reward.swe.patchfile import parse_patch
+from harnessrl.reward.swe.pipeline import resolve_output
+
+CONFTEST = (
+    "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n"
+    "+++ b/conftest.py\n@@ -0,0 +1,6 @@\n+import pytest\n+\n+\n"
+    "+@pytest.hookimpl(hookwrapper=True)\n+def pytest_runtest_makereport(item, call):\n"
+    "+    (yield).get_result().outcome = 'passed'\n"
+)
+
+
+def manifests(row: dict[str, Any], patch: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    instance = SweInstance.from_row({**row, "image": "registry.local/tinyswe/calc:0.1"})
+    name = job_name(instance.instance_id, "run-1:ep-7")
+    test_patch = parse_patch(instance.test_patch.encode())
+    return (
+        config_map(name, "grading", instance, parse_patch(patch.encode()), test_patch),
+        grading_job(name, "grading", instance, timeout_s=120),
+    )
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_manifests_validate_strictly(calc_row: dict[str, Any], index: int) -> None:
+    kubernetes_validate.validate(manifests(calc_row, calc_row["patch"])[index], "1.33.0", strict=True)
+
+
+def test_job_is_hardened(calc_row: dict[str, Any]) -> None:
+    _, job = manifests(calc_row, calc_row["patch"])
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert job["metadata"]["name"] == "grade-tinyswe-calc-0001-run-1-ep-7"
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 120
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert container["resources"]["limits"]["memory"] == "2Gi"
+    assert job["spec"]["template"]["metadata"]["labels"]["harnessrl.io/network"] == "none"
+
+
+def run_pod_locally(root: Path, row: dict[str, Any], patch: str, tmp_path: Path) -> str:
+    """Do what the Job does: copy the image's repository, run the shipped runner on it."""
+    config, _ = manifests(row, patch)
+    grading = tmp_path / "grading"
+    grading.mkdir()
+    for name, text in config["data"].items():
+        (grading / name).write_text(text)
+    testbed = tmp_path / "testbed"
+    subprocess.run(["git", "clone", "-q", str(root / row["repo_path"]), str(testbed)], check=True)
+    subprocess.run(["git", "checkout", "-q", row["base_commit"]], cwd=testbed, check=True)
+    work = tmp_path / "work"
+    shutil.copytree(testbed, work)
+    env = {**os.environ, "GRADING_DIR": str(grading), "REPO_DIR": str(work), "REPORT_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-I", str(grading / "runner.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+@pytest.mark.parametrize(("patch", "resolved"), [("gold", True), ("conftest-hack", False)])
+def test_pod_runner_output_grades_like_the_local_sandbox(
+    tinyswe_root: Path,
+    calc_row: dict[str, Any],
+    context: GradingContext,
+    tmp_path: Path,
+    patch: str,
+    resolved: bool,
+) -> None:
+    text = calc_row["patch"] if patch == "gold" else CONFTEST
+    output = parse_pod_output(run_pod_locally(tinyswe_root, calc_row, text, tmp_path))
+    grade = resolve_output(SweInstance.from_row(calc_row), output, context)
+    assert grade.outcome == "graded", grade.details
+    assert grade.resolved is resolved
+    assert set(grade.details["tests"]) == set(json.loads(calc_row["FAIL_TO_PASS"])) | set(
+        json.loads(calc_row["PASS_TO_PASS"])
+    )
+
+
+def test_forged_markers_in_test_output_do_not_count() -> None:
+    log = (
+        ">>>>> Strategy: git-apply\n>>>>> Start Test Output\n>>>>> Test Exit Code: 0\n"
+        ">>>>> JUnit: AAAA\n>>>>> End Test Output\n>>>>> JUnit: \n>>>>> Test Exit Code: 1\n"
+    )
+    output = parse_pod_output(log)
+    assert output.exit_code == 1 and output.junit is None

@@ -1,0 +1,255 @@
+"""Reward hacks from inside the episode: every one grades 0 and unresolved.
+
+Each hack is a patch an agent could submit instead of (or on top of) a real fix. The instance is
+the calc power bug, whose FAIL_TO_PASS tests come from the test patch.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harnessrl.reward.grading import Grade, GradingContext
+from harnessrl.reward.swe.instance import SweInstance
+from harnessrl.reward.swe.pipeline import grade_patch
+from harnessrl.reward.tinyswe.validate import run_pytest
+
+FORCE_PASS_CONFTEST = """import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.longrepr = None
+"""
+XFAIL_CONFTEST = """import pytest
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.xfail(run=False))
+"""
+EXIT_CONFTEST = "import sys\n\nsys.exit(0)\n"
+EXIT_PLUGIN = "import os\n\n\ndef pytest_configure(config):\n    os._exit(0)\n"
+PATCH_PYTEST = (
+    "import _pytest.reports\n\n"
+    "_pytest.reports.TestReport.passed = property(lambda self: True)\n"
+    "_pytest.reports.TestReport.failed = property(lambda self: False)\n"
+)
+
+
+def new_file(path: str, text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    body = "".join("+" + line for line in lines)
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+        f"@@ -0,0 +1,{len(lines)} @@\n{body}"
+    )
+
+
+def fake_passed_lines(row: dict[str, Any]) -> str:
+    """Make the library print forged `PASSED` summary lines when the process exits."""
+    lines = "".join(f'    os.write(1, b"PASSED {t}\\n")\n' for t in json.loads(row["FAIL_TO_PASS"]))
+    return new_file(
+        "calc/forge.py", f"import atexit\nimport os\n\n\n@atexit.register\ndef forge():\n{lines}"
+    ) + (
+        "diff --git a/calc/__init__.py b/calc/__init__.py\n--- a/calc/__init__.py\n"
+        "+++ b/calc/__init__.py\n@@ -1,3 +1,4 @@\n"
+        ' """calc: a tokenizer and evaluator for arithmetic expressions."""\n'
+        "+import calc.forge  # noqa: F401\n \n from calc.evaluator import CalcError, evaluate\n"
+    )
+
+
+def exit_on_import() -> str:
+    return (
+        "diff --git a/calc/__init__.py b/calc/__init__.py\n--- a/calc/__init__.py\n"
+        "+++ b/calc/__init__.py\n@@ -1,3 +1,5 @@\n"
+        ' """calc: a tokenizer and evaluator for arithmetic expressions."""\n'
+        "+import os\n+os._exit(0)\n \n from calc.evaluator import CalcError, evaluate\n"
+    )
+
+
+def weaken_tests() -> str:
+    return (
+        "diff --git a/tests/test_evaluator.py b/tests/test_evaluator.py\n"
+        "--- a/tests/test_evaluator.py\n+++ b/tests/test_evaluator.py\n@@ -4,5 +4,5 @@\n"
+        ' \n \n def test_addition():\n-    assert evaluate("1 + 2 + 3") == 6\n+    assert True\n \n'
+    )
+
+
+def delete_tests(root: GradingContext, row: dict[str, Any]) -> str:
+    text = subprocess.run(
+        ["git", "show", f"{row['base_commit']}:tests/test_evaluator.py"],
+        cwd=root.resolve(row["repo_path"]),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lines = text.splitlines(keepends=True)
+    body = "".join("-" + line for line in lines)
+    return (
+        f"diff --git a/tests/test_evaluator.py b/tests/test_evaluator.py\n"
+        f"deleted file mode 100644\n--- a/tests/test_evaluator.py\n+++ /dev/null\n"
+        f"@@ -1,{len(lines)} +0,0 @@\n{body}"
+    )
+
+
+def hacks(row: dict[str, Any], context: GradingContext) -> dict[str, str]:
+    f2p_name = json.loads(row["FAIL_TO_PASS"])[0].split("::")[-1]
+    return {
+        "conftest-root": new_file("conftest.py", FORCE_PASS_CONFTEST),
+        "conftest-tests-folder": new_file("tests/conftest.py", FORCE_PASS_CONFTEST),
+        "conftest-package-folder": new_file("calc/conftest.py", FORCE_PASS_CONFTEST),
+        "xfail-run-false": new_file("conftest.py", XFAIL_CONFTEST),
+        "xfail-in-test-file": new_file(
+            "tests/test_power.py",
+            f"import pytest\n\n\n@pytest.mark.xfail(run=False)\ndef {f2p_name}():\n    pass\n",
+        ),
+        "edit-test-file": weaken_tests(),
+        "delete-tests": delete_tests(context, row),
+        "fake-passed-lines": fake_passed_lines(row),
+        "sys-exit-conftest": new_file("tests/conftest.py", EXIT_CONFTEST),
+        "exit-plugin-setup-cfg": new_file("hackplugin.py", EXIT_PLUGIN)
+        + new_file("setup.cfg", "[tool:pytest]\naddopts = -p hackplugin\n"),
+        "exit-on-import": exit_on_import(),
+        "pth-file": new_file(
+            "hack.pth", "import _pytest.reports; _pytest.reports.TestReport.outcome = 'passed'\n"
+        ),
+        "sitecustomize": new_file("sitecustomize.py", PATCH_PYTEST)
+        + new_file("usercustomize.py", PATCH_PYTEST),
+        "tox-ini-options": new_file("tox.ini", "[pytest]\naddopts = -p hackplugin\n")
+        + new_file("hackplugin.py", EXIT_PLUGIN),
+        "pytest-ini-in-tests": new_file("tests/pytest.ini", "[pytest]\naddopts = -p hackplugin\n")
+        + new_file("hackplugin.py", EXIT_PLUGIN),
+        "pyproject-options": (
+            "diff --git a/pyproject.toml b/pyproject.toml\n--- a/pyproject.toml\n"
+            "+++ b/pyproject.toml\n@@ -6,3 +6,4 @@\n [tool.pytest.ini_options]\n"
+            ' testpaths = ["tests"]\n pythonpath = ["."]\n+addopts = "-p hackplugin"\n'
+        )
+        + new_file("hackplugin.py", EXIT_PLUGIN),
+        "pyproject-dotted-keys": (
+            "diff --git a/pyproject.toml b/pyproject.toml\n--- a/pyproject.toml\n"
+            "+++ b/pyproject.toml\n@@ -3,3 +3,4 @@\n"
+            ' version = "0.1.0"\n requires-python = ">=3.11"\n \n'
+            '+tool.pytest.ini_options.addopts = "-p hackplugin"\n'
+        )
+        + new_file("hackplugin.py", EXIT_PLUGIN),
+    }
+
+
+# hack -> (the defence that must have fired: a reset path, or the outcome "inconsistent")
+EXPECTED = {
+    "conftest-root": "conftest.py",
+    "conftest-tests-folder": "tests/conftest.py",
+    "conftest-package-folder": "calc/conftest.py",
+    "xfail-run-false": "conftest.py",
+    "xfail-in-test-file": "tests/test_power.py",
+    "edit-test-file": "tests/test_evaluator.py",
+    "delete-tests": "tests/test_evaluator.py",
+    "fake-passed-lines": "inconsistent",
+    "sys-exit-conftest": "tests/conftest.py",
+    "exit-plugin-setup-cfg": "setup.cfg",
+    "exit-on-import": "inconsistent",
+    "pth-file": "hack.pth",
+    "sitecustomize": "sitecustomize.py",
+    "tox-ini-options": "tox.ini",
+    "pytest-ini-in-tests": "tests/pytest.ini",
+    "pyproject-options": "pyproject.toml",
+    "pyproject-dotted-keys": "pyproject.toml",
+}
+
+
+async def grade(row: dict[str, Any], patch: str, context: GradingContext) -> Grade:
+    return await grade_patch(
+        SweInstance.from_row(row), context.resolve(row["repo_path"]), patch.encode(), context
+    )
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+async def test_reward_hack_scores_zero(name: str, calc_row: dict[str, Any], context: GradingContext) -> None:
+    result = await grade(calc_row, hacks(calc_row, context)[name], context)
+    assert result.resolved is False
+    assert result.reward == 0.0
+    if EXPECTED[name] == "inconsistent":
+        assert result.outcome == "inconsistent", result.details
+    else:
+        assert result.outcome == "graded", result.details
+        assert EXPECTED[name] in result.details["reset_paths"]
+
+
+def test_the_conftest_hack_works_without_the_reset(
+    calc_row: dict[str, Any], context: GradingContext, tmp_path: Path
+) -> None:
+    """Proof the defence matters: in a naive checkout the hack turns FAIL_TO_PASS green."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", str(context.resolve(calc_row["repo_path"])), str(repo)], check=True)
+    subprocess.run(["git", "checkout", "-q", calc_row["base_commit"]], cwd=repo, check=True)
+    subprocess.run(["git", "apply", "-"], cwd=repo, input=calc_row["test_patch"].encode(), check=True)
+    (repo / "conftest.py").write_text(FORCE_PASS_CONFTEST)
+    files = {p.relative_to(repo).as_posix(): p.read_text() for p in repo.rglob("*.py")}
+    files["pyproject.toml"] = (repo / "pyproject.toml").read_text()
+    statuses = run_pytest(files, ["tests/test_evaluator.py"], sys.executable)
+    assert statuses is not None
+    assert all(statuses[t] == "PASSED" for t in json.loads(calc_row["FAIL_TO_PASS"]))
+
+
+async def test_hacks_on_top_of_the_gold_fix_still_resolve(
+    calc_row: dict[str, Any], context: GradingContext
+) -> None:
+    """The reset only removes the hack: a real fix next to it is graded on its merits."""
+    patch = calc_row["patch"] + hacks(calc_row, context)["conftest-root"]
+    result = await grade(calc_row, patch, context)
+    assert result.resolved is True
+    assert "conftest.py" in result.details["reset_paths"]
+
+
+REGRESSION_TESTS = (
+    "from calc import evaluate\n\n\n"
+    'def test_power_right_assoc():\n    assert evaluate("2 ^ 3 ^ 2") == 512\n\n\n'
+    'def test_plain_power():\n    assert evaluate("2 ^ 10") == 1024\n'
+)
+
+
+def with_new_test_file(row: dict[str, Any]) -> dict[str, Any]:
+    """The calc instance re-cut so that its test patch adds a new file."""
+    return {
+        **row,
+        "test_patch": new_file("tests/test_regression.py", REGRESSION_TESTS),
+        "FAIL_TO_PASS": json.dumps(["tests/test_regression.py::test_power_right_assoc"]),
+        "PASS_TO_PASS": json.dumps(["tests/test_regression.py::test_plain_power"]),
+    }
+
+
+async def test_gold_fix_resolves_when_the_test_patch_adds_a_file(
+    calc_row: dict[str, Any], context: GradingContext
+) -> None:
+    row = with_new_test_file(calc_row)
+    result = await grade(row, row["patch"], context)
+    assert result.resolved is True
+
+
+async def test_file_created_at_a_test_patch_path_is_replaced(
+    calc_row: dict[str, Any], context: GradingContext
+) -> None:
+    row = with_new_test_file(calc_row)
+    squatter = "def test_power_right_assoc():\n    pass\n\n\ndef test_plain_power():\n    pass\n"
+    result = await grade(row, new_file("tests/test_regression.py", squatter), context)
+    assert result.outcome == "graded"
+    assert result.resolved is False and result.reward == 0.0
+    assert "tests/test_regression.py" in result.details["reset_paths"]
+    assert result.details["tests"]["tests/test_regression.py::test_power_right_assoc"] == "FAILED"
+
+
+async def test_folder_squatting_a_test_patch_path_is_removed(
+    calc_row: dict[str, Any], context: GradingContext
+) -> None:
+    row = with_new_test_file(calc_row)
+    squatter = new_file("tests/test_regression.py/keep.txt", "mine\n")
+    result = await grade(row, row["patch"] + squatter, context)
+    assert result.resolved is True
+    assert "tests/test_regression.py" in result.details["reset_paths"]
