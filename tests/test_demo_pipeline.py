@@ -9,10 +9,12 @@ episodes with the new version.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -29,7 +31,18 @@ from harnessrl.shared.contracts import (
 from harnessrl.shared.demo.run import DemoSettings, evaluate, run_spec, warm_start
 from harnessrl.shared.train import TrainSession
 
+
+def load_example(relative: str) -> ModuleType:
+    path = Path(__file__).parents[1] / "examples" / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 STEPS, GROUP, TASKS = 2, 4, 2
+span_stats = load_example("analytics/span_stats.py")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +61,12 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> 
         weight_info = urllib.request.urlopen(f"{session.stack.vllm.url}/weight_info", timeout=10)  # type: ignore[union-attr]
         session.replica_version = json.loads(weight_info.read())["weight_version"]  # type: ignore[attr-defined]
         session.bus_dump = asyncio.run(dump(session.stack.nats_url, session.spec.run))  # type: ignore[attr-defined]
+        analytics = asyncio.run(  # the analytics example, as a user would run it against the live bus
+            asyncio.wait_for(
+                span_stats.follow(session.stack.nats_url, "pipeline", "t", STEPS * GROUP * TASKS), 60
+            )
+        )
+        session.analytics = analytics  # type: ignore[attr-defined]
     finally:
         session.stop()
     return session
@@ -105,3 +124,12 @@ def test_progress_plot_and_summary_written(finished_run: TrainSession) -> None:
     assert (finished_run.run_dir / "progress.png").stat().st_size > 10_000
     summary = json.loads((finished_run.run_dir / "summary.json").read_text())
     assert summary["run"] == "pipeline" and summary["heldout"][0]["step"] == 0
+
+
+def test_analytics_example_summarises_every_episode(finished_run: TrainSession) -> None:
+    rows = finished_run.analytics  # type: ignore[attr-defined]
+    assert len(rows) == STEPS * GROUP * TASKS
+    assert all(
+        r["calls"] >= 1 and r["completion_tokens"] >= 1 and r["prompt_tokens"] > 0 for r in rows.values()
+    )
+    assert {v for r in rows.values() for v in r["versions"]} == set(range(STEPS))

@@ -121,9 +121,9 @@ class LocalStack:
         }
         self._start("gateway", values, ready_url=f"{self.gateway_url}/healthz")
 
-    def start_reward(self) -> None:
-        """One reward worker."""
-        self._start("reward", {})
+    def start_reward(self, tasks_root: Path | None = None) -> None:
+        """One reward worker; relative task repository paths resolve against `tasks_root`."""
+        self._start("reward", {"tasks_root": str(tasks_root)} if tasks_root else {})
 
     def start_controller(self) -> None:
         """The controller, launching harnesses locally against our gateway."""

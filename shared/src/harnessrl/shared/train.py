@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -34,13 +35,23 @@ class TrainError(RuntimeError):
     """The run could not be started or followed; the message is meant for a person."""
 
 
-async def submit(bus: NatsBus, spec: RunSpec) -> dict[str, object]:
-    """Hand the run to the controller (request-reply) and return its answer."""
+async def submit(bus: NatsBus, spec: RunSpec, *, wait_s: float = 90.0) -> dict[str, object]:
+    """Hand the run to the controller (request-reply) and return its answer.
+
+    A controller that is still starting (or restarting) has no responder yet: keep asking for
+    `wait_s` before giving up.
+    """
     payload = json.dumps({"spec": msgspec.to_builtins(spec)}).encode()
-    try:
-        answer = json.loads(await bus.request(subjects.control("controller", "submit"), payload, timeout=30))
-    except BusError as exc:
-        raise TrainError(f"the controller did not take the run: {exc}") from exc
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            reply = await bus.request(subjects.control("controller", "submit"), payload, timeout=30)
+            break
+        except BusError as exc:
+            if time.monotonic() > deadline:
+                raise TrainError(f"the controller did not take the run: {exc}") from exc
+            await asyncio.sleep(0.5)
+    answer = json.loads(reply)
     if not answer.get("ok"):
         raise TrainError(f"the controller refused the run: {answer.get('error')}")
     return dict(answer)
@@ -91,7 +102,7 @@ class TrainSession:
         self.stack.start_vllm(model_dir)
         self.progress.phase = "starting services"
         self.stack.start_gateway()
-        self.stack.start_reward()
+        self.stack.start_reward(Path(self.spec.tasks).parent)
         self.stack.start_controller()
         self.stack.start_trainer(self.spec, model_dir)
 

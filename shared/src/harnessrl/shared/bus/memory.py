@@ -243,8 +243,10 @@ class _MemorySubscription(Subscription):
             item = self._next()
             if item is None:
                 self.stream.changed.clear()
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow our cancellation.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.stream.changed.wait(), timeout=0.05)
+                    async with asyncio.timeout(0.05):
+                        await self.stream.changed.wait()
                 continue
             stored, count = item
             delivery = Delivery(

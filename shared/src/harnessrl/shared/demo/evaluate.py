@@ -23,7 +23,7 @@ LAST_NUMBER = re.compile(r"(-?\d+)(?!.*\d)", re.S)
 def correct(reply: str, a: int, b: int) -> bool:
     """The numeric rule the reward service applies: the last number in the reply equals a*b."""
     match = LAST_NUMBER.search(reply)
-    return match is not None and reply.strip().startswith("ANSWER") and int(match[1]) == a * b
+    return match is not None and int(match[1]) == a * b
 
 
 def accuracy(
