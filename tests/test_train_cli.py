@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -14,15 +16,10 @@ import pytest
 from harnessrl.shared.demo.tasks import task_spec, write_tasks
 
 
-def harnessrl(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+def harnessrl(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cli = Path(sys.executable).parent / "harnessrl"
-    return subprocess.run(
-        [str(cli), "train", *args, "--home", str(home)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    argv = [str(cli), "train", *args, "--home", str(home)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env=env)
 
 
 def orphans(home: Path) -> list[str]:
@@ -80,10 +77,40 @@ def test_port_in_use(tmp_path: Path, spec_file: Path, tiny_model: Path) -> None:
 
 
 def test_nats_server_failing_to_start(tmp_path: Path, spec_file: Path, tiny_model: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "nats").write_text("a file where the JetStream store should be")
-    done = harnessrl(str(spec_file), "--model", str(tiny_model), home=home)
+    broken = tmp_path / "nats-server"
+    broken.write_text(
+        '#!/bin/sh\n[ "$1" = "--version" ] && echo "nats-server: v2.15.1" && exit 0\n'
+        'echo "fatal: JetStream store is corrupt" >&2; exit 1\n'
+    )
+    broken.chmod(0o755)
+    env = {**os.environ, "HARNESSRL_NATS_SERVER": str(broken)}
+    done = harnessrl(str(spec_file), "--model", str(tiny_model), home=tmp_path / "home", env=env)
     assert done.returncode == 1
-    assert "nats-server" in done.stderr and "Traceback" not in done.stderr
+    assert "nats-server exited" in done.stderr and "Traceback" not in done.stderr
+    assert orphans(tmp_path / "home") == []
+
+
+def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    cli = str(Path(sys.executable).parent / "harnessrl")
+    up = subprocess.Popen(
+        [cli, "up", "--home", str(home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        status = None
+        for _ in range(240):
+            status = subprocess.run(
+                [cli, "status", "--home", str(home)], capture_output=True, text=True, check=False
+            )
+            if status.returncode == 0 and all(
+                name in status.stdout for name in ("gateway", "reward", "controller")
+            ):
+                break
+            time.sleep(0.5)
+        assert status is not None and status.returncode == 0, status
+        assert "NO" not in status.stdout, status.stdout  # every recorded process is alive
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+    assert up.returncode == 0, up.stderr[-2000:]
     assert orphans(home) == []

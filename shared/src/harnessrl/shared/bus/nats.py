@@ -75,8 +75,10 @@ class NatsBus(Bus):
         name: str = "harnessrl",
         publish_timeout_s: float = 5.0,
         publish_retry_s: float = 30.0,
+        connect_timeout_s: float = 15.0,
     ) -> None:
         self.url = url
+        self.connect_timeout_s = connect_timeout_s
         self.name = name
         self.publish_timeout_s = publish_timeout_s
         self.publish_retry_s = publish_retry_s
@@ -106,20 +108,23 @@ class NatsBus(Bus):
     async def connect(self) -> None:
         """Connect once (clear error if the server is unreachable), then reconnect forever."""
         try:
-            self._nc = await nats.connect(
-                self.url,
-                name=self.name,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
-                connect_timeout=2,
-                allow_reconnect=True,
-                error_cb=self._on_error,
-                disconnected_cb=self._on_disconnect,
-                reconnected_cb=self._on_reconnect,
-            )
-        except (OSError, nats.errors.Error) as exc:
-            raise BusError(f"cannot connect to NATS at {self.url}: {exc}") from exc
+            self._nc = await asyncio.wait_for(self._connect(), timeout=self.connect_timeout_s)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise BusError(f"cannot connect to NATS at {self.url}: {exc!r}") from exc
         self._js = self._nc.jetstream(timeout=self.publish_timeout_s)
+
+    async def _connect(self) -> Client:
+        return await nats.connect(
+            self.url,
+            name=self.name,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.25,
+            connect_timeout=2,
+            allow_reconnect=True,
+            error_cb=self._on_error,
+            disconnected_cb=self._on_disconnect,
+            reconnected_cb=self._on_reconnect,
+        )
 
     async def _on_error(self, exc: Exception) -> None:
         log.warning("nats.error", error=str(exc))

@@ -1,0 +1,188 @@
+"""The per-episode Kubernetes objects: a hardened Job and the Secret holding the episode key.
+
+Hardening the template always has, whatever a run spec's `job_template` overrides: `backoffLimit: 0`
+(the controller retries, as a new attempt), `activeDeadlineSeconds`, `ttlSecondsAfterFinished`, a
+`podFailurePolicy` that fails the Job at once on disruptions (so they classify as infra), a restricted
+security context (non-root, no privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
+read-only root with emptyDir workspace and /tmp), no service account token, requests = limits, and the
+episode key only through a `secretKeyRef`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import re
+from typing import Any
+
+from harnessrl.controller.launchers.base import LaunchRequest
+from harnessrl.shared.contracts import LauncherSpec
+
+MANAGED_BY = "harnessrl-controller"
+RUN_LABEL = "harnessrl.io/run"
+EPISODE_LABEL = "harnessrl.io/episode"
+ROLE_LABEL = "harnessrl.io/role"
+CONTAINER = "harness"
+WORKSPACE = "/workspace"
+_UID = 65532
+_RESTRICTED_CONTAINER: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": _UID,
+    "runAsGroup": _UID,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def job_name(run: str, episode: str) -> str:
+    """Deterministic, DNS-safe Job name: the same episode always maps to the same Job."""
+    digest = hashlib.sha256(f"{run}\x1f{episode}".encode()).hexdigest()[:12]
+    stem = re.sub(r"[^a-z0-9-]", "-", run.lower())[:40].strip("-")
+    return f"hrl-{stem}-{digest}"
+
+
+def secret_name(run: str, episode: str) -> str:
+    """Name of the Secret with the episode's key."""
+    return f"{job_name(run, episode)}-key"
+
+
+def labels(run: str, episode: str) -> dict[str, str]:
+    """Labels that select a run's (and an episode's) objects."""
+    return {"app.kubernetes.io/managed-by": MANAGED_BY, RUN_LABEL: run, EPISODE_LABEL: episode}
+
+
+def render_secret(request: LaunchRequest, namespace: str) -> dict[str, Any]:
+    """The Secret that carries the episode key variables."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": secret_name(request.run, request.episode),
+            "namespace": namespace,
+            "labels": labels(request.run, request.episode),
+        },
+        "type": "Opaque",
+        "stringData": dict(request.secret_env),
+    }
+
+
+def render_job(request: LaunchRequest, spec: LauncherSpec, *, ttl_s: int) -> dict[str, Any]:
+    """The Job of one episode, with the run spec's `job_template` merged in, hardening re-applied."""
+    meta = labels(request.run, request.episode)
+    job: dict[str, Any] = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(request.run, request.episode),
+            "namespace": spec.namespace,
+            "labels": {**meta, "harnessrl.io/attempt": str(request.attempt)},
+        },
+        "spec": {
+            "template": {
+                "metadata": {"labels": {**meta, ROLE_LABEL: "episode"}},
+                "spec": _pod_spec(request, spec),
+            }
+        },
+    }
+    if spec.job_template:
+        job = merge(job, spec.job_template)
+    _enforce(job, request, ttl_s)
+    return job
+
+
+def _pod_spec(request: LaunchRequest, spec: LauncherSpec) -> dict[str, Any]:
+    resources = {"cpu": spec.cpu, "memory": spec.memory}
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "harnessrl.controller.entrypoint", "--", *request.command],
+        "workingDir": WORKSPACE,
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+    }
+    pod: dict[str, Any] = {"containers": [container]}
+    instance = request.task.instance or {}
+    if request.task.kind == "swe" and instance.get("image"):
+        source = str(instance.get("workdir", "/testbed")).rstrip("/")
+        pod["initContainers"] = [
+            {
+                "name": "workspace",
+                "image": instance["image"],
+                "command": ["cp", "-a", f"{source}/.", f"{WORKSPACE}/"],
+                "resources": {"requests": dict(resources), "limits": dict(resources)},
+            }
+        ]
+    return pod
+
+
+def _enforce(job: dict[str, Any], request: LaunchRequest, ttl_s: int) -> None:
+    name = job["metadata"]["name"]
+    spec = job["spec"]
+    spec["backoffLimit"] = 0
+    spec["activeDeadlineSeconds"] = max(1, math.ceil(request.timeout_s))
+    spec["ttlSecondsAfterFinished"] = ttl_s
+    spec["podFailurePolicy"] = {
+        "rules": [
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]},
+            },
+        ]
+    }
+    pod = spec["template"]["spec"]
+    pod["restartPolicy"] = "Never"
+    pod["automountServiceAccountToken"] = False
+    pod["enableServiceLinks"] = False
+    pod["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": _UID,
+        "runAsGroup": _UID,
+        "fsGroup": _UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod["volumes"] = [v for v in pod.get("volumes", []) if v.get("name") not in ("workspace", "tmp")] + [
+        {"name": "workspace", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts = [{"name": "workspace", "mountPath": WORKSPACE}, {"name": "tmp", "mountPath": "/tmp"}]  # noqa: S108 - an emptyDir, not the node's /tmp
+    for container in (*pod.get("initContainers", []), *pod["containers"]):
+        container["securityContext"] = copy.deepcopy(_RESTRICTED_CONTAINER)
+        limits = container.setdefault("resources", {}).get("limits") or {}
+        container["resources"] = {"requests": dict(limits), "limits": dict(limits)}
+        container["volumeMounts"] = mounts
+    harness = pod["containers"][0]
+    harness["env"] = _env(request, name)
+
+
+def _env(request: LaunchRequest, job: str) -> list[dict[str, Any]]:
+    plain = [{"name": k, "value": v} for k, v in sorted(request.env.items())]
+    plain.append({"name": "HARNESSRL_WORKDIR", "value": WORKSPACE})
+    secret = secret_name(request.run, request.episode)
+    keyed = [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}}
+        for k in sorted(request.secret_env)
+    ]
+    return plain + keyed
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge `override` into a copy of `base` (mappings recursively, lists item by item)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        out[key] = _merge_value(out.get(key), value)
+    return out
+
+
+def _merge_value(current: Any, value: Any) -> Any:
+    if isinstance(current, dict) and isinstance(value, dict):
+        return merge(current, value)
+    if isinstance(current, list) and isinstance(value, list):
+        merged = [_merge_value(c, v) for c, v in zip(current, value, strict=False)]
+        longer = current if len(current) > len(value) else value
+        return merged + copy.deepcopy(longer[len(merged) :])
+    return copy.deepcopy(value)

@@ -1,0 +1,268 @@
+"""One run: admission, launching groups, reconciling after a restart, and the reward and weight feeds.
+
+Admission: batch `b` (of `batch_tasks` groups of `group_size` attempts) may start once the trainer's
+weight version is at least `b` in sync mode, or at least `b - staleness` in async mode; within that,
+whole groups start together while the number of live harnesses stays under `max_concurrent`.
+A group whose member failed for good still completes: every member's rollout reaches the trainer
+once, failures marked with their cause, and the trainer drops them (never as reward 0 for infra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine
+from typing import Any
+
+from harnessrl.controller.launchers import Launcher, LaunchError, LauncherUnavailableError, LaunchRequest
+from harnessrl.controller.lifecycle import EpisodeBook
+from harnessrl.controller.records import LIVE_PHASES, EpisodeRecord, RunRecord, episode_id, group_id
+from harnessrl.controller.settings import ControllerSettings
+from harnessrl.controller.store import EpisodeStore
+from harnessrl.controller.tasks import harness_view
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription, TransientError
+from harnessrl.shared.contracts import EpisodeFailed, EpisodeScored, TaskSpec, WeightVersion
+from harnessrl.shared.keys import sign_episode_key
+from harnessrl.shared.log import get_logger
+
+_UNAVAILABLE_RETRY_S = 2.0
+
+
+class RunDriver:
+    """Schedules, launches and follows the episodes of one run."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        store: EpisodeStore,
+        record: RunRecord,
+        *,
+        tasks: list[TaskSpec],
+        launcher: Launcher,
+        settings: ControllerSettings,
+    ) -> None:
+        self.spec = record.spec
+        self._bus, self._store, self._launcher, self._settings = bus, store, launcher, settings
+        self._train = [task for task in tasks if not task.heldout] or tasks
+        self.book = EpisodeBook(
+            bus,
+            store,
+            {task.task_id: task for task in tasks},
+            launcher_kind=launcher.kind,
+            infra_retries=self.spec.infra_retries,
+        )
+        self.book.on_retry = self.launch
+        self._wake = asyncio.Event()
+        self.book.on_change = self._wake.set
+        self.version = 0
+        self.done = asyncio.Event()
+        self._next_group = 0
+        self._subscriptions: list[Subscription] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.Task[None] | None = None
+        self._log = get_logger("controller.run", run=self.spec.run)
+
+    @property
+    def total_groups(self) -> int:
+        """How many groups the run schedules over all its batches."""
+        return self.spec.max_steps * self.spec.batch_tasks
+
+    async def start(self) -> None:
+        """Load state, reconcile with the launcher, subscribe to feeds and start scheduling."""
+        await self.book.load(await self._store.episodes(self.spec.run))
+        scheduled = [r for r in self.book.records.values() if not r.byo]
+        self._next_group = 1 + max((r.batch * self.spec.batch_tasks + r.slot for r in scheduled), default=-1)
+        await self._launcher.start(self.book.exited)
+        await self._reconcile()
+        await self._subscribe()
+        self._loop = asyncio.create_task(self._schedule())
+
+    async def stop(self) -> None:
+        """Stop scheduling and following (running harnesses are left to the next controller)."""
+        if self._loop is not None:
+            self._loop.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for subscription in self._subscriptions:
+            await subscription.stop()
+        await self._launcher.close()
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a coroutine in the background, keeping a reference until it ends."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- scheduling ------------------------------------------------------------------------------
+
+    def admitted(self, batch: int) -> bool:
+        """Whether episodes of `batch` may start under the run's mode and staleness bound."""
+        if batch >= self.spec.max_steps:
+            return False
+        lag = 0 if self.spec.mode == "sync" else self.spec.staleness
+        return self.version >= batch - lag
+
+    def live(self) -> int:
+        """Harnesses scheduled or running now (BYO episodes run elsewhere and do not count)."""
+        return sum(1 for r in self.book.records.values() if r.phase in LIVE_PHASES and not r.byo)
+
+    async def _schedule(self) -> None:
+        while True:
+            await self._fill()
+            if self._next_group >= self.total_groups and all(r.terminal for r in self.book.records.values()):
+                await self._store.save_run(RunRecord(spec=self.spec, state="done"))
+                self._log.info("run finished", episodes=len(self.book.records))
+                self.done.set()
+                return
+            await self._wake.wait()
+            self._wake.clear()
+
+    async def _fill(self) -> None:
+        size = self.spec.group_size
+        while self._next_group < self.total_groups:
+            batch, slot = divmod(self._next_group, self.spec.batch_tasks)
+            live = self.live()
+            if not self.admitted(batch) or (live and live + size > self.spec.max_concurrent):
+                return
+            task = self._train[self._next_group % len(self._train)]
+            self._next_group += 1
+            records = [
+                EpisodeRecord(
+                    run=self.spec.run,
+                    episode=episode_id(batch, slot, member, 0),
+                    task=task.task_id,
+                    group=group_id(batch, slot),
+                    batch=batch,
+                    slot=slot,
+                    member=member,
+                    group_size=size,
+                    expected_version=self.version,
+                )
+                for member in range(size)
+            ]
+            added = await asyncio.gather(*(self.book.add(record) for record in records))
+            for record in added:
+                self.spawn(self.launch(record))
+
+    async def launch(self, record: EpisodeRecord) -> None:
+        """Start a scheduled episode's harness (retried while the launcher is unreachable)."""
+        request = self._request(record)
+        async with self.book.lock(record.episode):
+            if self.book.records[record.episode].phase != "scheduled":
+                return
+            while True:
+                try:
+                    where = await self._launcher.launch(request)
+                    break
+                except LauncherUnavailableError as exc:
+                    self._log.warning("launcher unavailable", episode=record.episode, error=str(exc))
+                    await asyncio.sleep(_UNAVAILABLE_RETRY_S)
+                except LaunchError as exc:
+                    await self.book.infra_failure(self.book.records[record.episode], str(exc))
+                    return
+            await self.book.started(record.episode, where)
+
+    def _request(self, record: EpisodeRecord) -> LaunchRequest:
+        task = self.book.task_of(record) or TaskSpec(task_id=record.task)
+        timeout = self.spec.episode_timeout_s
+        return LaunchRequest(
+            run=record.run,
+            episode=record.episode,
+            task=task,
+            attempt=record.attempt,
+            command=list(self.spec.launcher.command),
+            env=episode_env(self._settings, self.spec.launcher.env, record, task, self.spec.model),
+            secret_env=key_env(self.key_for(record.episode, timeout)),
+            timeout_s=timeout,
+            artifact_kind="patch" if task.kind == "swe" else "answer",
+        )
+
+    def key_for(self, episode: str, timeout_s: float) -> str:
+        """A fresh signed key for one episode, valid a little past its deadline."""
+        ttl = timeout_s + self._settings.key_grace_s
+        return sign_episode_key(self._settings.secret, self.spec.run, episode, ttl)
+
+    # --- restart and feeds -------------------------------------------------------------------------
+
+    async def _reconcile(self) -> None:
+        observed = await self._launcher.relist()
+        for record in list(self.book.records.values()):
+            if record.byo or record.phase not in LIVE_PHASES:
+                continue
+            if record.episode not in observed:
+                if record.phase == "scheduled":
+                    self.spawn(self.launch(record))
+                else:
+                    async with self.book.lock(record.episode):
+                        await self.book.infra_failure(record, "harness lost while the controller was down")
+            elif (status := observed[record.episode]) is not None:
+                await self.book.exited(record.episode, status)
+            elif record.phase == "scheduled":
+                async with self.book.lock(record.episode):
+                    await self.book.started(record.episode, "relisted")
+        self._log.info("reconciled", records=len(self.book.records), observed=len(observed))
+
+    async def _subscribe(self) -> None:
+        run = self.spec.run
+        feeds = (
+            (subjects.WEIGHTS.name, subjects.weights(run), None, self._on_weights),
+            (
+                subjects.EPISODES.name,
+                subjects.episode_events_of_run(run, "scored"),
+                f"ctl-{run}-scored",
+                self._on_scored,
+            ),
+            (
+                subjects.EPISODES.name,
+                subjects.episode_events_of_run(run, "failed"),
+                f"ctl-{run}-failed",
+                self._on_failed,
+            ),
+        )
+        for stream, subject, durable, handler in feeds:
+            spec = ConsumerSpec(
+                stream=stream, filter_subject=subject, durable=durable, max_deliver=-1, ack_wait_s=10.0
+            )
+            self._subscriptions.append(await self._bus.subscribe(spec, handler))
+
+    async def _on_weights(self, delivery: Delivery) -> None:
+        version = delivery.decode(WeightVersion).version
+        if version > self.version:
+            self.version = version
+            self._wake.set()
+
+    async def _on_scored(self, delivery: Delivery) -> None:
+        if not await self.book.scored(delivery.decode(EpisodeScored)):
+            raise TransientError("episode not exited yet", delay=0.5)
+
+    async def _on_failed(self, delivery: Delivery) -> None:
+        if not await self.book.reward_failed(delivery.decode(EpisodeFailed)):
+            raise TransientError("episode not exited yet", delay=0.5)
+
+
+def episode_env(
+    settings: ControllerSettings, base: dict[str, str], record: EpisodeRecord, task: TaskSpec, model: str
+) -> dict[str, str]:
+    """The harness's plain environment: where the model API is and what the task is."""
+    gateway = settings.gateway_url.rstrip("/")
+    env = dict(base)
+    env.update(
+        OPENAI_BASE_URL=f"{gateway}/v1",
+        ANTHROPIC_BASE_URL=gateway,
+        HARNESSRL_GATEWAY_URL=gateway,
+        HARNESSRL_RUN=record.run,
+        HARNESSRL_EPISODE=record.episode,
+        HARNESSRL_TASK=task.prompt,
+        HARNESSRL_TASK_ID=task.task_id,
+        HARNESSRL_TASK_JSON=json.dumps(harness_view(task)),
+        HARNESSRL_ARTIFACT="patch" if task.kind == "swe" else "answer",
+    )
+    if model:
+        env["HARNESSRL_MODEL"] = model
+    return env
+
+
+def key_env(key: str) -> dict[str, str]:
+    """The variables that carry the episode key (kept out of Job templates)."""
+    return {"OPENAI_API_KEY": key, "ANTHROPIC_API_KEY": key, "HARNESSRL_EPISODE_KEY": key}

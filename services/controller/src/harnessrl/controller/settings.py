@@ -1,0 +1,57 @@
+"""The controller's settings: one struct, every default explained, read from TOML and `HRL_CONTROLLER_*`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from harnessrl.shared.settings import SettingsError, load_settings
+
+ENV_PREFIX = "HRL_CONTROLLER_"
+
+
+class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the controller reaches the bus, the gateway and the cluster."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    # HMAC secret shared with the gateway; episode keys are signed with it. Required outside tests.
+    key_secret: str = ""
+    # Base URL harnesses use for the model API (the gateway), without `/v1`.
+    gateway_url: str = "http://127.0.0.1:8000"
+    # Where local episodes get their work directories and captured output.
+    state_dir: str = ".harnessrl/controller"
+    # Episode keys outlive the episode deadline by this much, so grading-time reads still verify.
+    key_grace_s: float = 300.0
+    # Local launcher: seconds between SIGTERM and SIGKILL at the deadline.
+    kill_grace_s: float = 5.0
+    # Kubernetes: kubeconfig file (empty: in-cluster config, then the default kubeconfig).
+    kubeconfig: str = ""
+    # Kubernetes: explicit API server URL (tests and the fake API server); overrides kubeconfig.
+    kube_api_url: str = ""
+    # Kubernetes: seconds a watch request stays open before it is renewed (the server ends it).
+    kube_watch_timeout_s: int = 60
+    # Kubernetes: finished Jobs are garbage-collected this long after they end.
+    job_ttl_s: int = 3600
+    # Seconds an unanswered bus request (episode open/close, run submit) waits.
+    request_timeout_s: float = 10.0
+    # The runs this controller owns (empty: every run). One active controller per run.
+    runs: list[str] = msgspec.field(default_factory=list)
+    log_format: str = "json"
+    log_level: str = "INFO"
+
+    @property
+    def secret(self) -> bytes:
+        """The key-signing secret as bytes."""
+        return self.key_secret.encode()
+
+
+def load_controller_settings(toml_path: Path | str | None = None, **overrides: Any) -> ControllerSettings:
+    """Build settings from defaults, `[controller]` in a TOML file, env and overrides."""
+    settings = load_settings(
+        ControllerSettings, prefix=ENV_PREFIX, section="controller", toml_path=toml_path, **overrides
+    )
+    if settings.kube_watch_timeout_s < 1:
+        raise SettingsError("kube_watch_timeout_s must be >= 1")
+    return settings

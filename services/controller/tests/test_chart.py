@@ -1,0 +1,95 @@
+"""The Helm chart: `helm lint`, and `helm template` output that passes `kubernetes-validate --strict`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[3] / "charts" / "harnessrl"
+HELM = Path.home() / ".cache" / "harnessrl" / "helm-kubectl-v33" / "helm"
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, check=False)
+
+
+def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    done = helm("template", "hrl", str(CHART), "--namespace", "train", *args)
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "rendered.yaml"
+    path.write_text(done.stdout)
+    tool = Path(sys.executable).with_name("kubernetes-validate")
+    check = subprocess.run([str(tool), "--strict", str(path)], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def find(docs: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix))
+
+
+def test_lint() -> None:
+    done = helm("lint", str(CHART), "--strict")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        ("-f", str(CHART / "values-production.yaml")),
+        ("--set", "nats.deploy=false", "--set", "nats.url=nats://nats.infra:4222"),
+    ],
+)
+def test_rendered_manifests_pass_strict_validation(tmp_path: Path, args: tuple[str, ...]) -> None:
+    docs = render(tmp_path, *args)
+    kinds = {d["kind"] for d in docs}
+    assert {
+        "Deployment",
+        "Service",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+        "NetworkPolicy",
+        "Secret",
+    } <= kinds
+    controller = find(docs, "Deployment", "-controller")
+    assert controller["spec"]["replicas"] == 1 and controller["spec"]["strategy"] == {"type": "Recreate"}
+    env = {e["name"]: e for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["HRL_CONTROLLER_KEY_SECRET"]["valueFrom"]["secretKeyRef"]["key"] == "secret"
+    assert env["HRL_CONTROLLER_GATEWAY_URL"]["value"] == "http://hrl-harnessrl-gateway.train.svc:8000"
+    expected_nats = (
+        "nats://nats.infra:4222" if "nats.deploy=false" in args else "nats://hrl-harnessrl-nats:4222"
+    )
+    assert env["HRL_CONTROLLER_NATS_URL"]["value"] == expected_nats
+    assert ("StatefulSet" in kinds) == ("nats.deploy=false" not in args)
+
+
+def test_rbac_and_episode_network_policy(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    rules = {tuple(r["resources"]): set(r["verbs"]) for r in find(docs, "Role", "-controller")["rules"]}
+    assert rules[("jobs",)] >= {"create", "get", "list", "watch", "delete"}
+    assert rules[("pods",)] == {"get", "list", "watch"}
+    assert rules[("secrets",)] >= {"create", "patch"}
+    policy = find(docs, "NetworkPolicy", "-episodes")["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"harnessrl.io/role": "episode"}}
+    assert policy["ingress"] == [] and set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    gateway_rule, dns_rule = policy["egress"]
+    assert gateway_rule["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "gateway"
+    assert {p["port"] for p in dns_rule["ports"]} == {53}
+    for deployment in (
+        d for d in docs if d["kind"] == "Deployment" and not d["metadata"]["name"].endswith("vllm")
+    ):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_external_nats_needs_a_url() -> None:
+    done = helm("template", "hrl", str(CHART), "--set", "nats.deploy=false")
+    assert done.returncode != 0 and "nats.url is required when nats.deploy=false" in done.stderr

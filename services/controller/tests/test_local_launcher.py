@@ -1,0 +1,108 @@
+"""The local launcher with real processes: success, failure, timeout, SIGTERM ignored, restart."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from harnessrl.controller.launchers.local import LocalLauncher
+from harnessrl.controller.launchers.process import ProcessFacts, alive
+from harnessrl.controller.testing.exits import ExitRecorder, launch_request
+
+
+async def started(tmp_path: Path, exits: ExitRecorder, grace: float = 0.5) -> LocalLauncher:
+    launcher = LocalLauncher("r1", tmp_path, kill_grace_s=grace)
+    await launcher.start(exits)
+    return launcher
+
+
+async def test_success_captures_output_and_hides_controller_secrets(
+    tmp_path: Path, exits: type[ExitRecorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HRL_CONTROLLER_KEY_SECRET", "do-not-leak")
+    seen = exits()
+    launcher = await started(tmp_path, seen)
+    script = (
+        'echo "key=$HARNESSRL_EPISODE_KEY secret=${HRL_CONTROLLER_KEY_SECRET:-none}"; pwd; '
+        "echo 4 > answer.txt"
+    )
+    where = await launcher.launch(launch_request("e1", ["sh", "-c", script]))
+    status = await seen.wait("e1")
+    assert where.startswith("pid:")
+    assert (status.outcome, status.exit_code) == ("exited", 0)
+    folder = launcher.episode_dir("e1")
+    out = (folder / "stdout.log").read_text()
+    assert "key=hrl_secret-key secret=none" in out
+    assert str(folder / "work") in out
+    assert (folder / "work" / "answer.txt").read_text() == "4\n"
+    assert json.loads((folder / "exit.json").read_text()) == {"exit_code": 0}
+    assert await launcher.launch(launch_request("e1", ["sh", "-c", "exit 9"])) == where  # idempotent
+    await launcher.close()
+
+
+async def test_non_zero_exit(tmp_path: Path, exits: type[ExitRecorder]) -> None:
+    seen = exits()
+    launcher = await started(tmp_path, seen)
+    await launcher.launch(launch_request("e2", ["sh", "-c", "echo oops >&2; exit 3"]))
+    status = await seen.wait("e2")
+    assert (status.outcome, status.exit_code) == ("exited", 3)
+    assert "oops" in (launcher.episode_dir("e2") / "stderr.log").read_text()
+
+
+async def test_missing_harness_binary_exits_127(tmp_path: Path, exits: type[ExitRecorder]) -> None:
+    seen = exits()
+    launcher = await started(tmp_path, seen)
+    await launcher.launch(launch_request("e3", ["/no/such/harness"]))
+    assert (await seen.wait("e3")).exit_code == 127
+
+
+async def test_timeout_stops_the_whole_process_group(tmp_path: Path, exits: type[ExitRecorder]) -> None:
+    seen = exits()
+    launcher = await started(tmp_path, seen)
+    # The harness starts a grandchild: the deadline must stop it too.
+    await launcher.launch(
+        launch_request("e4", ["sh", "-c", "sleep 60 & echo $! > child.pid; wait"], timeout_s=1.0)
+    )
+    status = await seen.wait("e4")
+    assert status.outcome == "timeout"
+    child = int((launcher.episode_dir("e4") / "work" / "child.pid").read_text())
+    assert (
+        not alive(ProcessFacts(pid=child, start_ticks=0, deadline=0)) or not Path(f"/proc/{child}").exists()
+    )
+
+
+async def test_harness_ignoring_sigterm_is_killed(tmp_path: Path, exits: type[ExitRecorder]) -> None:
+    seen = exits()
+    launcher = await started(tmp_path, seen, grace=0.5)
+    script = "trap '' TERM; echo armed; while true; do sleep 0.1; done"
+    began = time.monotonic()
+    await launcher.launch(launch_request("e5", ["sh", "-c", script], timeout_s=1.0))
+    status = await seen.wait("e5", timeout=20)
+    assert status.outcome == "timeout"
+    assert time.monotonic() - began >= 1.0
+    facts = json.loads((launcher.episode_dir("e5") / "proc.json").read_text())
+    assert not alive(ProcessFacts(**facts))
+
+
+async def test_restarted_launcher_adopts_running_and_reads_finished(
+    tmp_path: Path, exits: type[ExitRecorder]
+) -> None:
+    before = exits()
+    first = await started(tmp_path, before)
+    await first.launch(launch_request("done", ["sh", "-c", "exit 5"]))
+    await first.launch(launch_request("running", ["sh", "-c", "sleep 2; exit 0"]))
+    await first.launch(launch_request("stuck", ["sh", "-c", "sleep 60"], timeout_s=2.5))
+    await before.wait("done")
+    await first.close()  # the controller "dies": nobody follows the processes any more
+
+    seen = exits()
+    second = await started(tmp_path, seen)
+    listed = await second.relist()
+    assert listed["done"] is not None and listed["done"].exit_code == 5
+    assert listed["running"] is None and listed["stuck"] is None
+    assert (await seen.wait("running")).exit_code == 0
+    assert (await seen.wait("stuck")).outcome == "timeout"
+    assert "done" not in seen.seen  # already finished before the restart: reported by relist only
