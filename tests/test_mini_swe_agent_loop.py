@@ -59,10 +59,12 @@ async def capture_first_request(task: str, workdir: Path) -> dict[str, Any]:
 
     async def answer(request: web.Request) -> web.Response:
         seen.append(await request.json())
+        command = COMMAND if len(seen) == 1 else "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+        arguments = json.dumps({"command": command})
         call = {
-            "id": "c1",
+            "id": f"c{len(seen)}",
             "type": "function",
-            "function": {"name": "bash", "arguments": json.dumps({"command": COMMAND})},
+            "function": {"name": "bash", "arguments": arguments},
         }
         message = {"role": "assistant", "content": "", "tool_calls": [call]}
         choice = {"index": 0, "finish_reason": "tool_calls", "message": message}
