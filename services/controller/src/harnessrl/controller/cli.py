@@ -20,9 +20,9 @@ from typing import Any
 import msgspec
 
 from harnessrl.controller import control
-from harnessrl.controller.spec import RunSpecError, load_run_spec
 from harnessrl.controller.tasks import TaskFileError, load_tasks
 from harnessrl.shared.log import configure_logging
+from harnessrl.shared.runspec import RunSpecError, load_run_spec
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 

@@ -16,13 +16,13 @@ from harnessrl.controller.launchers.local import LocalLauncher
 from harnessrl.controller.records import RunRecord
 from harnessrl.controller.run import RunDriver
 from harnessrl.controller.settings import ControllerSettings
-from harnessrl.controller.spec import RunSpecError, parse_run_spec
 from harnessrl.controller.store import EpisodeStore
 from harnessrl.controller.tasks import TaskFileError, load_tasks
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus, Subscription
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.runspec import RunSpecError, parse_run_spec
 
 LauncherFactory = Callable[[RunSpec, ControllerSettings], Launcher]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.controller.spec import RunSpecError, load_run_spec
 from harnessrl.controller.tasks import TaskFileError, harness_view, load_tasks
+from harnessrl.shared.runspec import RunSpecError, load_run_spec
 
 GOOD = """
 run = "demo-1"
