@@ -52,8 +52,13 @@ async def submit(bus: NatsBus, spec: RunSpec, *, wait_s: float = 90.0) -> dict[s
                 raise TrainError(f"the controller did not take the run: {exc}") from exc
             await asyncio.sleep(0.5)
     answer = json.loads(reply)
+    error = str(answer.get("error", ""))
+    if not answer.get("ok") and "already exists" in error:
+        # The controller resumed this run from its KV state (e.g. after Ctrl-C): follow it again.
+        console.print(f"run {spec.run} already exists: resuming it")
+        return {"ok": True, "run": spec.run, "resumed": True}
     if not answer.get("ok"):
-        raise TrainError(f"the controller refused the run: {answer.get('error')}")
+        raise TrainError(f"the controller refused the run: {error}")
     return dict(answer)
 
 

@@ -86,10 +86,11 @@ class Trainer:
             pass_threshold=self.settings.pass_threshold,
         )  # fmt: skip
         if not outcome.scored:
-            if not fresh:
+            if not current:
                 return StepResult(trained=False, metrics=self._metrics(values, staleness, dropped))
-            # Nothing to learn from (every group had zero variance or was too small): the version
-            # still advances, with unchanged weights, so a sync-mode run schedules its next batch.
+            # Current rollouts but nothing to learn from (every group had zero variance or was too
+            # small): the version still advances, with unchanged weights, so the controller's
+            # admission (which waits for versions) never stalls. Stale-only batches don't advance it.
             values["step/skipped"] = 1.0
             checkpoint = self._checkpoint([])
             return StepResult(
