@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from harnessrl.shared.demo import harness as demo_harness
 from harnessrl.shared.demo.tasks import task_spec, write_tasks
 
 
@@ -113,4 +115,33 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=60)
     assert up.returncode == 0, up.stderr[-2000:]
+    assert orphans(home) == []
+
+
+def test_ctrl_c_leaves_a_resumable_run(tmp_path: Path, tiny_model: Path) -> None:
+    write_tasks(tmp_path / "tasks.jsonl", [task_spec(a, 21) for a in range(10, 22)])
+    harness = Path(demo_harness.__file__)
+    spec = tmp_path / "run.toml"
+    spec.write_text(
+        'run = "resume"\ntasks = "tasks.jsonl"\ngroup_size = 2\nbatch_tasks = 2\nmax_steps = 3\n'
+        'mode = "sync"\n'
+        f'staleness = 0\n[launcher]\ncommand = ["{sys.executable}", "{harness}"]\npreload = ["openai"]\n'
+    )
+    home = tmp_path / "home"
+    cli = str(Path(sys.executable).parent / "harnessrl")
+    argv = [cli, "train", str(spec), "--model", str(tiny_model), "--home", str(home)]
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoints = home / "runs" / "resume" / "checkpoints" / "resume"
+    for _ in range(600):
+        if (checkpoints / "latest").exists():
+            break
+        time.sleep(0.5)
+    first.send_signal(signal.SIGINT)
+    first.wait(timeout=90)
+    assert orphans(home) == []
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming" in second.stderr
+    summary = json.loads(second.stdout.strip().splitlines()[-1])
+    assert summary == {"run": "resume", "steps": 3, "version": 3}
     assert orphans(home) == []

@@ -195,6 +195,10 @@ class RolloutComplete(Message, frozen=True, kw_only=True):
     span_count: int = 0
     last_seq: int = -1
     versions_seen: list[int] = msgspec.field(default_factory=list)
+    # The policy version the controller had seen when it launched the episode. Replicas load a
+    # version before it is published, so this is a lower bound on the version that sampled, even
+    # when a gateway's own stamp (weight_version_start) still lags.
+    admitted_version: int = 0
     failure: FailureCause | None = None
     details: dict[str, Any] = msgspec.field(default_factory=dict)
     at: float = msgspec.field(default_factory=now)

@@ -85,6 +85,7 @@ def _rollout(record: EpisodeRecord) -> Outgoing:
         span_count=record.span_count,
         last_seq=record.last_seq,
         versions_seen=record.versions_seen,
+        admitted_version=record.expected_version,
         failure=record.cause if record.phase == "failed" else None,
         details=dict(record.details),
     )

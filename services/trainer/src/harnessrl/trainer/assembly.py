@@ -93,7 +93,9 @@ class RolloutPool:
         self.reports[key] = report
         versions = [span.weight_version_start for span in unique] or rollout.versions_seen or [0]
         group = self._groups.setdefault(rollout.group, _Group(first_seen=now))
-        group.members[key] = AssembledRollout(rollout=rollout, rows=rows, min_version=min(versions))
+        # A gateway's stamp can lag a just-published version; the admission version can't.
+        min_version = max(min(versions), rollout.admitted_version)
+        group.members[key] = AssembledRollout(rollout=rollout, rows=rows, min_version=min_version)
         self._in_pool.add(key)
         return "assembled"
 
