@@ -30,16 +30,12 @@ def heldout_pairs() -> list[tuple[int, int]]:
 
 
 def training_pairs(count: int, seed: int) -> list[tuple[int, int]]:
-    """`count` distinct random pairs that are not held out."""
+    """`count` distinct random pairs that are not held out (at most 7,900 exist)."""
     rng = random.Random(seed)  # noqa: S311 - reproducible task set, not security
-    taken = set(heldout_pairs())
-    out: list[tuple[int, int]] = []
-    while len(out) < count:
-        pair = (rng.randint(10, 99), rng.randint(10, 99))
-        if pair not in taken:
-            taken.add(pair)
-            out.append(pair)
-    return out
+    pool = sorted({(a, b) for a in range(10, 100) for b in range(10, 100)} - set(heldout_pairs()))
+    if count > len(pool):
+        raise ValueError(f"only {len(pool)} distinct training pairs exist, asked for {count}")
+    return rng.sample(pool, count)
 
 
 def task_spec(a: int, b: int, *, heldout: bool = False) -> TaskSpec:
@@ -76,4 +72,7 @@ def demonstration(a: int, b: int, use_tool: bool) -> list[dict[str, str]]:
 def demonstrations(count: int, seed: int) -> list[list[dict[str, str]]]:
     """Warm-start data: correct episodes, 30% of them using the calculator."""
     rng = random.Random(seed)  # noqa: S311 - reproducible task set, not security
-    return [demonstration(a, b, rng.random() < TOOL_SHARE) for a, b in training_pairs(count, seed)]
+    held = set(heldout_pairs())
+    pairs = [(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(count * 2)]
+    kept = [p for p in pairs if p not in held][:count]  # repeats are fine for imitation
+    return [demonstration(a, b, rng.random() < TOOL_SHARE) for a, b in kept]
