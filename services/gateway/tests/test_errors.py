@@ -228,3 +228,19 @@ async def test_in_flight_calls_per_replica_are_bounded(bus: Bus, episode: Episod
     assert [code for code, _, _ in results] == [200] * 6
     assert upstream.max_active == 2
     assert len(await episode.spans(bus)) == 6
+
+
+async def test_a_gateway_bug_answers_500_in_the_envelope(
+    gateway: RunningGateway, episode: Episode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*_: Any, **__: Any) -> None:
+        raise ZeroDivisionError
+
+    monkeypatch.setattr(gateway.app.proxy.forwarder, "call", broken)
+    code, payload, _ = await _post(gateway.url + "/v1/chat/completions", key=episode.key, body=CHAT)
+    assert code == 500
+    _openai_error(payload, "server_error")
+    assert "ZeroDivisionError" in payload["error"]["message"]
+    code, payload, _ = await _post(gateway.url + "/v1/messages", key=episode.key, body=ANTHROPIC)
+    assert code == 500
+    _anthropic_error(payload, "api_error")

@@ -1,7 +1,8 @@
-"""The Litestar application: proxy mounts, operations routes, admin routes, lifespan.
+"""The gateway's ASGI app: harness-facing routes straight to `Proxy`, the rest through Litestar.
 
-The harness-facing routes (`/v1`, `/e/<key>/v1`, `/harnessrl`) are raw ASGI mounts of `Proxy`;
-operations (`/healthz`, `/readyz`, `/metrics`) and admin (`/admin/...`) are ordinary handlers.
+The harness-facing routes (`/v1/...`, `/e/<key>/v1/...`, `/harnessrl/...`) are the hot path: they
+go to the raw ASGI `Proxy` without Litestar's router and middleware. Operations (`/healthz`,
+`/readyz`, `/metrics`), admin (`/admin/...`) and the lifespan are an ordinary Litestar app.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 
 from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
-from litestar.handlers import asgi
 
 from harnessrl.gateway.admin import admin_router
 from harnessrl.gateway.asgi import Receive, Scope, Send
@@ -25,20 +25,31 @@ from harnessrl.shared.bus.base import Bus
 _PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def create_app(settings: GatewaySettings, bus: Bus, *, owns_bus: bool = False) -> Litestar:
+_PROXY_PREFIXES = ("/v1/", "/e/", "/harnessrl/")
+
+
+class GatewayApp:
+    """The ASGI app a server runs: proxy paths to `Proxy`, everything else (and lifespan) to Litestar."""
+
+    def __init__(self, operations: Litestar, proxy: Proxy) -> None:
+        self.operations = operations
+        self.proxy = proxy
+        self.gateway: Gateway = proxy.gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Dispatch on the path; the proxy sees the raw (undecoded) path."""
+        if scope["type"] == "http" and scope["path"].startswith(_PROXY_PREFIXES):
+            raw_path = scope.get("raw_path")
+            if raw_path:
+                scope["path"] = raw_path.decode("latin-1")
+            await self.proxy(scope, receive, send)
+            return
+        await self.operations(scope, receive, send)  # type: ignore[arg-type]
+
+
+def create_app(settings: GatewaySettings, bus: Bus, *, owns_bus: bool = False) -> GatewayApp:
     """Build the gateway app; its lifespan starts and stops the gateway (and the bus if owned)."""
     gateway = Gateway(settings, bus)
-    proxy = Proxy(gateway)
-
-    async def call_proxy(scope: Scope, receive: Receive, send: Send) -> None:
-        raw_path = scope.get("raw_path")
-        scope["path"] = raw_path.decode("latin-1") if raw_path else scope["path"]
-        await proxy(scope, receive, send)
-
-    mounts = [
-        asgi(path, is_mount=True, copy_scope=True, name=f"proxy{path.replace('/', '-')}")(call_proxy)
-        for path in ("/v1", "/e", "/harnessrl")
-    ]
 
     @get("/healthz", sync_to_thread=False)
     def healthz() -> dict[str, str]:
@@ -68,14 +79,13 @@ def create_app(settings: GatewaySettings, bus: Bus, *, owns_bus: bool = False) -
                 await bus.close()
 
     app = Litestar(
-        route_handlers=[*mounts, healthz, readyz, metrics, admin_router(gateway)],
+        route_handlers=[healthz, readyz, metrics, admin_router(gateway)],
         lifespan=[lifespan],
         exception_handlers={HTTPException: _http_error},
         openapi_config=None,
         debug=False,
     )
-    app.state.gateway = gateway
-    return app
+    return GatewayApp(app, Proxy(gateway))
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:

@@ -1,6 +1,6 @@
 """Small raw-ASGI pieces of the hot path: reading a bounded body, answering, SSE framing.
 
-The proxy routes run as raw ASGI (mounted in Litestar) so a call costs no more than it must: no
+The proxy routes run as raw ASGI (in front of Litestar) so a call costs no more than it must: no
 request/response objects, no middleware stack, bytes in and bytes out.
 """
 

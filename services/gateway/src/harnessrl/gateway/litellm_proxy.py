@@ -6,6 +6,7 @@ pip. 1.108.7 is a known-good release (1.82.7 and 1.82.8 were compromised; never 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -84,11 +85,11 @@ def wait_http(url: str, timeout_s: float, headers: dict[str, str] | None = None)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         request = urllib.request.Request(url, headers=headers or {})  # noqa: S310 - loopback URL
-        try:
-            with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+        with (
+            contextlib.suppress(urllib.error.URLError, OSError),
+            urllib.request.urlopen(request, timeout=2) as response,  # noqa: S310
+        ):
+            if response.status == 200:
+                return
         time.sleep(0.2)
     raise TimeoutError(f"{url} did not answer in {timeout_s} s")

@@ -8,6 +8,7 @@ response completes.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -47,6 +48,7 @@ from harnessrl.shared.keys import EpisodeClaims
 from harnessrl.shared.log import get_logger
 
 access = get_logger("harnessrl.gateway.access")
+log = get_logger("harnessrl.gateway.proxy")
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -88,6 +90,10 @@ class Proxy:
             await respond_error(send, error, dialect)
         except ClientGone:
             status = 499
+        except Exception as exc:  # a bug still answers in the client's envelope
+            log.exception("request.failed", route=route)
+            with contextlib.suppress(RuntimeError):  # the response had already started
+                await respond_error(send, ApiError(f"internal error: {type(exc).__name__}"), dialect)
         elapsed = time.perf_counter() - started
         counter = self._counters.get((route, status))
         if counter is None:

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from litestar import Litestar
-
-from harnessrl.gateway.app import create_app
+from harnessrl.gateway.app import GatewayApp, create_app
 from harnessrl.gateway.settings import GatewaySettings, load_gateway_settings
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.log import configure_logging
 
 
-def app_from_settings(settings: GatewaySettings) -> Litestar:
+def app_from_settings(settings: GatewaySettings) -> GatewayApp:
     """An app that owns its NatsBus (connected at start-up, closed at shutdown)."""
     return create_app(settings, NatsBus(settings.nats_url, name="harnessrl-gateway"), owns_bus=True)
 
 
-def app_from_env() -> Litestar:
+def app_from_env() -> GatewayApp:
     """ASGI factory: settings from `HRL_GATEWAY_*` (and `HRL_GATEWAY_CONFIG`, a TOML file)."""
     import os
 
@@ -42,6 +40,7 @@ def serve(settings: GatewaySettings) -> None:
         loop="uvloop",
         http="httptools",
         access_log=False,
+        proxy_headers=False,
         log_level="warning",
         lifespan="on",
     )

@@ -10,9 +10,8 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import uvicorn
-from litestar import Litestar
 
-from harnessrl.gateway.app import create_app
+from harnessrl.gateway.app import GatewayApp, create_app
 from harnessrl.gateway.canned_upstream import CannedUpstream
 from harnessrl.gateway.runtime import Gateway
 from harnessrl.gateway.settings import GatewaySettings
@@ -63,15 +62,14 @@ def settings_for(upstreams: list[str], **overrides: Any) -> GatewaySettings:
 class RunningGateway:
     """A gateway served over HTTP: its app and base URL."""
 
-    def __init__(self, app: Litestar, url: str) -> None:
+    def __init__(self, app: GatewayApp, url: str) -> None:
         self.app = app
         self.url = url
 
     @property
     def gateway(self) -> Gateway:
         """The gateway's running parts."""
-        gateway: Gateway = self.app.state.gateway
-        return gateway
+        return self.app.gateway
 
 
 @asynccontextmanager
