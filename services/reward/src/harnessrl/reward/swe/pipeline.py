@@ -18,6 +18,7 @@ from typing import Any
 from harnessrl.reward.grading import Grade, GradingContext
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.patchfile import InvalidPatchError, Patch, parse_patch
+from harnessrl.reward.swe.podrunner import pytest_command
 from harnessrl.reward.swe.rules import evaluate, exit_code_agrees, log_agrees, reward_of
 from harnessrl.reward.swe.sandbox import (
     RunResult,
@@ -36,27 +37,6 @@ from harnessrl.reward.swe.workspace import (
 )
 
 LOG_TAIL_BYTES = 4000
-
-
-def pytest_command(python: str, report: Path, files: list[str]) -> list[str]:
-    """The test command: isolated interpreter, no cache, xunit1 JUnit report outside the repo."""
-    return [
-        python,
-        "-I",
-        "-u",
-        "-m",
-        "pytest",
-        "-rA",
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        "junit_family=xunit1",
-        "-o",
-        "junit_logging=no",
-        f"--junitxml={report}",
-        "--rootdir=.",
-        *files,
-    ]
 
 
 def _fail(outcome: str, reward_error: str, **details: Any) -> Grade:

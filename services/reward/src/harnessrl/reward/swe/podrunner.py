@@ -4,6 +4,9 @@ It runs inside the task image (which has git, python and pytest) with the reposi
 `REPO_DIR` and `/grading` holding `model.diff`, `test.diff` and `spec.json` (protected-path rules
 and test files). It prints the log between markers and the JUnit report base64-encoded, and the
 reward service grades from that output exactly as it grades the local sandbox's.
+
+Being stdlib-only, it is also the one place the service itself takes the patch strategies and the
+test command from, so the two sandboxes can't drift apart.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 BEGIN_LOG, END_LOG = ">>>>> Start Test Output", ">>>>> End Test Output"
 JUNIT, EXIT, STRATEGY, RESULT = ">>>>> JUnit", ">>>>> Test Exit Code", ">>>>> Strategy", ">>>>> Result"
-APPLY = (
+APPLY_STRATEGIES: tuple[tuple[str, list[str]], ...] = (
     ("git-apply", ["git", "apply", "--verbose"]),
     ("git-apply-3way", ["git", "apply", "--verbose", "--3way"]),
     ("git-apply-reject", ["git", "apply", "--verbose", "--reject"]),
@@ -41,12 +44,33 @@ def run(*command: str, check: bool = False) -> int:
 
 def apply_model_patch(patch: str) -> str | None:
     """Try each strategy on a clean tree; the winner's name or None."""
-    for name, command in APPLY:
+    for name, command in APPLY_STRATEGIES:
         if run(*command, patch) == 0:
             return name
         run("git", "reset", "--hard", "--quiet", "HEAD", check=True)
         run("git", "clean", "-fdxq", check=True)
     return None
+
+
+def pytest_command(python: str, report: Path, files: list[str]) -> list[str]:
+    """The test command: isolated interpreter, no cache, xunit1 JUnit report outside the repo."""
+    return [
+        python,
+        "-I",
+        "-u",
+        "-m",
+        "pytest",
+        "-rA",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "junit_family=xunit1",
+        "-o",
+        "junit_logging=no",
+        f"--junitxml={report}",
+        "--rootdir=.",
+        *files,
+    ]
 
 
 def protected(path: str, spec: dict[str, list[str]]) -> bool:
@@ -91,23 +115,7 @@ def main() -> int:
     reset(spec)
     run("git", "apply", "--verbose", str(grading / "test.diff"), check=True)
     report = Path(os.environ.get("REPORT_DIR", "/tmp")) / "junit.xml"  # noqa: S108 - pod-private
-    command = [
-        sys.executable,
-        "-I",
-        "-u",
-        "-m",
-        "pytest",
-        "-rA",
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        "junit_family=xunit1",
-        "-o",
-        "junit_logging=no",
-        f"--junitxml={report}",
-        "--rootdir=.",
-        *spec["test_files"],
-    ]
+    command = pytest_command(sys.executable, report, spec["test_files"])
     env = {
         "PATH": os.environ.get("PATH", ""),
         "HOME": "/tmp",  # noqa: S108 - pod-private emptyDir

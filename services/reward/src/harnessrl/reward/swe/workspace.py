@@ -16,6 +16,8 @@ import shutil
 import tomllib
 from pathlib import Path, PurePosixPath
 
+from harnessrl.reward.swe.podrunner import APPLY_STRATEGIES
+
 CONFIG_NAMES = frozenset(
     {
         "conftest.py",
@@ -32,12 +34,6 @@ CONFIG_NAMES = frozenset(
 TEST_DIRS = frozenset({"tests", "test", "testing"})
 _PYTEST_TABLE = re.compile(r"^\s*\[+\s*tool\.pytest\b")
 _ANY_TABLE = re.compile(r"^\s*\[")
-APPLY_STRATEGIES: tuple[tuple[str, list[str]], ...] = (
-    ("git-apply", ["git", "apply", "--verbose"]),
-    ("git-apply-3way", ["git", "apply", "--verbose", "--3way"]),
-    ("git-apply-reject", ["git", "apply", "--verbose", "--reject"]),
-    ("patch-fuzz", ["patch", "--batch", "--fuzz=5", "-p1", "--no-backup-if-mismatch", "-i"]),
-)
 
 
 class WorkspaceError(RuntimeError):
