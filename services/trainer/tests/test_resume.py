@@ -77,7 +77,7 @@ async def test_kill_9_and_resume(bus: Bus, nats_server: NatsServer, tiny_model: 
     latest = (tmp_path / run / "latest").read_text()
     state = msgspec.json.decode((tmp_path / run / latest / "trainer_state.json").read_bytes())
     assert state["step"] == 4 and state["version"] == 4 and state["published"]
-    trained = state["trained"]
+    trained = [rollout for ids in state["trained"].values() for rollout in ids]
     assert len(trained) == len(set(trained)) == 16
     assert set(trained) == {rollout.episode for group in groups for _, rollout in group}
     assert "trainer.resumed" in log.read_text()

@@ -5,10 +5,14 @@ Layout under the run's checkpoint root:
     step-000012/
       hf/                  HF safetensors + config + tokenizer: what vLLM reloads
       engine/              verl's engine state (model, optimizer, RNG) to resume training
-      trainer_state.json   step, version, trained rollout ids, published flag
+      trainer_state.json   step, version, recently trained rollout ids, published flag
     latest                 "step-000012", replaced atomically after the step directory is complete
-    dropped.json           ids of rollouts dropped (stale, incomplete, degenerate group): settled
-                           without a step, so they live beside the step directories
+    dropped.json           ids of rollouts recently dropped (stale, incomplete, degenerate group):
+                           settled without a step, so they live beside the step directories
+
+Settled ids are kept by the version that was current when they settled, and only for the versions
+a redelivered rollout could still train at (`Trainer.settle_window`): an older rollout is stale by
+then, so the staleness filter drops it without a lookup. State stays bounded however long a run is.
 
 A step directory is written under a temporary name and renamed into place, then `latest` is
 replaced with `os.replace`; a crash at any point leaves the previous checkpoint intact and
@@ -34,8 +38,8 @@ class TrainerState(msgspec.Struct, kw_only=True):
     run: str
     step: int = 0
     version: int = 0
-    # Every rollout a checkpointed step trained: acked on redelivery, never trained again.
-    trained: list[str] = msgspec.field(default_factory=list)
+    # Rollouts trained at each recent version: acked on redelivery, never trained again.
+    trained: dict[int, list[str]] = msgspec.field(default_factory=dict)
     # Whether WeightVersion `version` was published (a restart publishes it if not).
     published: bool = False
 
@@ -92,18 +96,26 @@ class CheckpointStore:
         state.published = True
         _write_atomic(directory / STATE_FILE, msgspec.json.encode(state))
 
-    def load_dropped(self) -> list[str]:
-        """Ids of every rollout dropped so far."""
+    def load_dropped(self) -> dict[int, list[str]]:
+        """Ids of recently dropped rollouts by the version current when they were dropped."""
         path = self.root / DROPPED_FILE
         if not path.exists():
-            return []
-        return msgspec.json.decode(path.read_bytes(), type=list[str])
+            return {}
+        return msgspec.json.decode(path.read_bytes(), type=dict[int, list[str]])
 
-    def add_dropped(self, ids: list[str]) -> None:
-        """Persist more dropped rollout ids (atomically rewrites the list)."""
+    def add_dropped(self, version: int, ids: list[str]) -> None:
+        """Persist more dropped rollout ids (atomically rewrites the file)."""
         if ids:
-            merged = self.load_dropped() + ids
-            _write_atomic(self.root / DROPPED_FILE, msgspec.json.encode(merged))
+            dropped = self.load_dropped()
+            dropped[version] = [*dropped.get(version, []), *ids]
+            _write_atomic(self.root / DROPPED_FILE, msgspec.json.encode(dropped))
+
+    def forget_dropped_before(self, version: int) -> None:
+        """Drop the ids dropped at versions before `version` (they are stale for good)."""
+        dropped = self.load_dropped()
+        kept = {v: ids for v, ids in dropped.items() if v >= version}
+        if kept != dropped:
+            _write_atomic(self.root / DROPPED_FILE, msgspec.json.encode(kept))
 
     def _prune(self, current: str) -> None:
         steps = sorted(path.name for path in self.root.glob("step-*") if path.is_dir())

@@ -42,7 +42,7 @@ class Trainer:
         self.settings = settings
         self.store = CheckpointStore(settings.checkpoint_root)
         self.state = self.store.load_state(settings.run)
-        self.settled: set[str] = set(self.state.trained) | set(self.store.load_dropped())
+        self.settled: set[str] = self._load_settled()
         latest = self.store.latest()
         self.engine = engine or PolicyEngine(Path(settings.model_dir), settings.engine, settings.loss)
         if latest is not None:
@@ -59,10 +59,22 @@ class Trainer:
         latest = self.store.latest()
         return latest / "hf" if latest is not None else Path(self.settings.model_dir)
 
+    def settle_window(self, version: int) -> int:
+        """The oldest version whose settled ids still matter at `version`.
+
+        A rollout settled at version v had min_version <= v, so at a version beyond
+        v + allowed_lag it is stale: a redelivery is dropped by the staleness filter instead.
+        """
+        return version - self.settings.allowed_lag - 1
+
+    def _load_settled(self) -> set[str]:
+        recent = [*self.state.trained.values(), *self.store.load_dropped().values()]
+        return {rollout_id for ids in recent for rollout_id in ids}
+
     def drop(self, ids: Sequence[str]) -> None:
         """Settle rollouts without training them (persisted before returning)."""
         fresh = [rollout_id for rollout_id in ids if rollout_id not in self.settled]
-        self.store.add_dropped(fresh)
+        self.store.add_dropped(self.version, fresh)
         self.settled.update(fresh)
 
     def step(
@@ -115,20 +127,18 @@ class Trainer:
         return StepResult(trained=True, metrics=metrics, checkpoint=checkpoint)
 
     def _checkpoint(self, trained_ids: list[str]) -> Path:
-        step = self.state.step + 1
+        step, version = self.state.step + 1, self.state.version + 1
         staging = self.store.staging(step)
         self.engine.export_hf(staging / "hf")
         self.engine.save(staging / "engine", step)
-        state = TrainerState(
-            run=self.settings.run,
-            step=step,
-            version=self.state.version + 1,
-            trained=[*self.state.trained, *trained_ids],
-            published=False,
-        )
+        oldest = self.settle_window(version)
+        trained = {v: ids for v, ids in self.state.trained.items() if v >= oldest}
+        trained[self.state.version] = [*trained.get(self.state.version, []), *trained_ids]
+        state = TrainerState(run=self.settings.run, step=step, version=version, trained=trained)
         final = self.store.commit(staging, state)
+        self.store.forget_dropped_before(oldest)
         self.state = state
-        self.settled.update(trained_ids)
+        self.settled = self._load_settled()
         return final
 
     def mark_published(self) -> None:
