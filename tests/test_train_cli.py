@@ -1,41 +1,100 @@
-"""`harnessrl train` refuses bad input with a clear message and leaves no process behind."""
+"""`harnessrl train`: bad input gets a clear message, a deployment is only submitted to and followed,
+and no process outlives the command (not even when it is killed with SIGKILL)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import NatsBus
+from harnessrl.shared.contracts import WeightVersion, decode, decode_event, event_kind
 from harnessrl.shared.demo import harness as demo_harness
 from harnessrl.shared.demo.tasks import task_spec, write_tasks
+from harnessrl.shared.natsserver import NatsServer, free_port
+from harnessrl.shared.runspec import load_run_spec
+from harnessrl.shared.train import TrainSession
+
+log = logging.getLogger(__name__)
+CLI = str(Path(sys.executable).parent / "harnessrl")
 
 
 def harnessrl(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cli = Path(sys.executable).parent / "harnessrl"
-    argv = [str(cli), "train", *args, "--home", str(home)]
+    argv = [CLI, "train", *args, "--home", str(home)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env=env)
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Poll until `condition` holds; returns the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.25)
+    return time.monotonic() - started
+
+
+def multiply_spec(tmp_path: Path, run: str, steps: int, **extra: str) -> Path:
+    """A run of the demo harness on multiplication tasks: groups of 2, 2 tasks a step."""
+    write_tasks(tmp_path / "tasks.jsonl", [task_spec(a, 21) for a in range(10, 22)])
+    lines = [f"{key} = {value}" for key, value in extra.items()]
+    spec = tmp_path / f"{run}.toml"
+    spec.write_text(
+        f'run = "{run}"\ntasks = "tasks.jsonl"\ngroup_size = 2\nbatch_tasks = 2\nmax_steps = {steps}\n'
+        'mode = "sync"\nstaleness = 0\n' + "".join(line + "\n" for line in lines) + "[launcher]\n"
+        f'command = ["{sys.executable}", "{Path(demo_harness.__file__)}"]\npreload = ["openai"]\n'
+    )
+    return spec
 
 
 def orphans(home: Path) -> list[str]:
     """Processes still running that belong to this state folder."""
     found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "environ"]):
+    for proc in psutil.process_iter(["pid", "cmdline", "environ", "status"]):
         try:
             cmdline = " ".join(proc.info["cmdline"] or [])
             env = proc.info["environ"] or {}
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
         if proc.pid != os.getpid() and (str(home) in cmdline or env.get("HRL_HOME") == str(home)):
             found.append(cmdline)
     return found
+
+
+def tree_of(pid: int) -> list[psutil.Process]:
+    """Every process started by `pid`, directly or not."""
+    return psutil.Process(pid).children(recursive=True)
+
+
+def read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def survivors(processes: list[psutil.Process]) -> list[str]:
+    """Which of these processes still run (a reused pid is another process: psutil compares start times)."""
+    alive = []
+    for proc in processes:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+        except psutil.NoSuchProcess:
+            continue
+    return alive
 
 
 @pytest.fixture
@@ -145,3 +204,146 @@ def test_ctrl_c_leaves_a_resumable_run(tmp_path: Path, tiny_model: Path) -> None
     summary = json.loads(second.stdout.strip().splitlines()[-1])
     assert summary == {"run": "resume", "steps": 3, "version": 3}
     assert orphans(home) == []
+
+
+def test_train_with_nats_url_only_submits_and_follows(tmp_path: Path, tiny_model: Path) -> None:
+    """A deployment (`harnessrl up` with a trainer for the run) trains; `train --nats-url` starts nothing."""
+    steps = 2
+    spec = multiply_spec(tmp_path, "remote", steps, model=f'"{tiny_model}"')
+    deployment, home = tmp_path / "deployment", tmp_path / "home"
+    nats_port = free_port()
+    nats_url = f"nats://127.0.0.1:{nats_port}"
+    up_argv = [CLI, "up", "--home", str(deployment), "--nats-port", str(nats_port)]
+    up_argv += ["--model", str(tiny_model), "--trainer", str(spec)]
+    with (tmp_path / "up.log").open("w") as up_log:
+        up = subprocess.Popen(up_argv, stdout=up_log, stderr=subprocess.STDOUT)
+    try:
+        trainer_log = deployment / "logs" / "trainer.log"
+        waited = wait_for(
+            lambda: up.poll() is None and "trainer.started" in read(trainer_log),
+            300,
+            "the deployment's trainer",
+        )
+        log.info("deployment up in %.1f s", waited)
+        started = time.monotonic()
+        train = subprocess.Popen(
+            [CLI, "train", str(spec), "--nats-url", nats_url, "--home", str(home)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        children: set[str] = set()
+        while train.poll() is None and time.monotonic() - started < 300:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                children |= {" ".join(child.cmdline()) for child in tree_of(train.pid)}
+            time.sleep(0.2)
+        out, err = train.communicate(timeout=10)
+        log.info("train --nats-url took %.1f s", time.monotonic() - started)
+        assert train.returncode == 0, err[-3000:]
+        assert children == set(), f"train --nats-url started processes: {children}"
+        assert orphans(home) == []
+        said = " ".join(err.split())  # rich wraps long lines
+        assert "Traceback" not in said and "no trainer has subscribed" not in said
+        assert "the deployment trains and serves its own model" in said  # the spec's `model` is not used
+        assert json.loads(out.strip().splitlines()[-1]) == {"run": "remote", "steps": steps, "version": steps}
+        run_dir = home / "runs" / "remote"
+        assert (run_dir / "progress.png").stat().st_size > 10_000
+        assert json.loads((run_dir / "summary.json").read_text())["run"] == "remote"
+        assert not (home / "nats").exists() and not list(home.glob("logs/*"))  # no local services
+        # What happened, read from the deployment's bus: the run's episodes, rollouts and versions.
+        recorded = asyncio.run(bus_record(nats_url, "remote"))
+        kinds = Counter(event_kind(decode_event(raw)) for raw in recorded["events"])
+        episodes = steps * 2 * 2
+        assert kinds["completed"] >= episodes and kinds["failed"] == 0, kinds
+        assert len(recorded["rollouts"]) >= episodes
+        versions = [decode(raw, WeightVersion).version for raw in recorded["weights"]]
+        assert versions == list(range(1, steps + 1))
+        assert (deployment / "runs" / "remote" / "checkpoints" / "remote" / "latest").exists()
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=90)
+    assert up.returncode == 0, read(tmp_path / "up.log")[-3000:]
+    assert orphans(deployment) == []
+
+
+async def bus_record(url: str, run: str) -> dict[str, list[bytes]]:
+    bus = NatsBus(url)
+    await bus.connect()
+    try:
+        where = {
+            "events": (subjects.EPISODES.name, subjects.episode_events_of_run(run)),
+            "rollouts": (subjects.ROLLOUTS.name, subjects.rollout(run)),
+            "weights": (subjects.WEIGHTS.name, subjects.weights(run)),
+        }
+        return {name: [d.data for d in await bus.replay(*args)] for name, args in where.items()}
+    finally:
+        await bus.close()
+
+
+def test_train_with_nats_url_of_nothing_fails_fast(tmp_path: Path, spec_file: Path) -> None:
+    started = time.monotonic()
+    done = harnessrl(str(spec_file), "--nats-url", f"nats://127.0.0.1:{free_port()}", home=tmp_path / "home")
+    took = time.monotonic() - started
+    assert done.returncode == 1
+    assert "cannot reach NATS" in " ".join(done.stderr.split()) and "Traceback" not in done.stderr
+    assert took < 10, took
+    assert orphans(tmp_path / "home") == []
+
+
+def test_train_with_nats_url_refuses_local_only_options(tmp_path: Path, spec_file: Path) -> None:
+    url = "nats://127.0.0.1:4222"
+    done = harnessrl(str(spec_file), "--nats-url", url, "--model", str(tmp_path), home=tmp_path / "home")
+    assert done.returncode == 2
+    assert "--model only apply to local runs" in " ".join(done.stderr.split())
+
+
+async def test_a_run_no_trainer_serves_gets_a_warning(
+    tmp_path: Path, spec_file: Path, bus: NatsBus, nats_server: NatsServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def controller(_request: bytes) -> bytes:  # a deployment with a controller and no trainer
+        return json.dumps({"ok": True, "run": "cli-test"}).encode()
+
+    await bus.serve(subjects.control("controller", "submit"), controller)
+    session = TrainSession(load_run_spec(spec_file), tmp_path / "home", nats_url=nats_server.url)
+    following = asyncio.create_task(session.follow(live=False))
+    said = ""
+    try:
+        for _ in range(100):
+            said += capsys.readouterr().err
+            if "no trainer has subscribed to run cli-test" in " ".join(said.split()) or following.done():
+                break
+            await asyncio.sleep(0.1)
+        assert not following.done(), following  # it keeps following: a trainer may still start
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+    assert "no trainer has subscribed to run cli-test" in " ".join(said.split())
+    assert session.stack.nats is None and not list((tmp_path / "home").glob("logs/*"))
+
+
+def test_sigkill_of_train_leaves_no_process_behind(tmp_path: Path, tiny_model: Path) -> None:
+    """Every service gets SIGTERM when `harnessrl train` dies, even by SIGKILL, and takes its children."""
+    spec = multiply_spec(tmp_path, "killed", 50)
+    home = tmp_path / "home"
+    train = subprocess.Popen(
+        [CLI, "train", str(spec), "--model", str(tiny_model), "--home", str(home)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    tree: list[psutil.Process] = []
+    try:
+        episodes = home / "controller" / "runs" / "killed"
+        waited = wait_for(
+            lambda: train.poll() is None and any(episodes.glob("*/proc.json")), 300, "the first episodes"
+        )
+        log.info("stack up and episodes running after %.1f s", waited)
+        tree = tree_of(train.pid)
+        names = " ".join(" ".join(proc.cmdline()) for proc in tree)
+        for service in ("nats-server", "vllm", "EngineCore", "gateway", "reward", "controller", "trainer"):
+            assert service in names, f"{service} not running before the kill: {names}"
+    finally:
+        train.kill()  # SIGKILL: `harnessrl train` gets no chance to stop anything
+        train.wait()
+    took = wait_for(lambda: not survivors(tree) and not orphans(home), 60, "every process of the run to exit")
+    log.info("%d processes gone %.1f s after the SIGKILL", len(tree), took)

@@ -38,16 +38,34 @@ def home_dir(path: str | None) -> Path:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    """Start nats-server, gateway, reward and controller (and vLLM with --model); supervise until Ctrl-C."""
+    """Start nats-server, gateway, reward, controller (vLLM with --model, a run's trainer with --trainer).
+
+    Supervises them until Ctrl-C.
+    """
+    spec = None
+    if args.trainer:
+        try:
+            spec = load_run_spec(args.trainer)
+        except RunSpecError as exc:
+            console.print(f"[red]bad run spec:[/] {exc}")
+            return 2
+        if not args.model:
+            console.print("[red]error:[/] --trainer needs --model (the policy it trains and vLLM serves)")
+            return 2
     stack = LocalStack(home_dir(args.home), StackPorts(nats=args.nats_port, gateway=args.gateway_port))
     try:
         stack.start_nats()
         if args.model:
             stack.start_vllm(Path(args.model))
         stack.start_gateway()
-        stack.start_reward()
+        stack.start_reward(Path(spec.tasks).parent if spec else None)
         stack.start_controller()
-        console.print(f"[green]up[/]: nats {stack.nats_url}, gateway {stack.gateway_url}; Ctrl-C stops")
+        if spec is not None:
+            stack.start_trainer(spec, Path(args.model))
+        trains = f", trainer for run {spec.run}" if spec else ""
+        console.print(
+            f"[green]up[/]: nats {stack.nats_url}, gateway {stack.gateway_url}{trains}; Ctrl-C stops"
+        )
         while True:
             stack.check()
             time.sleep(0.5)
@@ -67,6 +85,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         spec = load_run_spec(args.spec)
     except RunSpecError as exc:
         console.print(f"[red]bad run spec:[/] {exc}")
+        return 2
+    local_only = [flag for flag in ("model", "nats_port", "gateway_port") if getattr(args, flag)]
+    if args.nats_url and local_only:
+        flags = ", ".join("--" + flag.replace("_", "-") for flag in local_only)
+        console.print(
+            f"[red]error:[/] {flags} only apply to local runs: with --nats-url the deployment's "
+            "trainer and vLLM serve their own model"
+        )
         return 2
     ports = StackPorts(nats=args.nats_port, gateway=args.gateway_port)
     model = Path(args.model) if args.model else None
@@ -134,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-port", type=int, default=0)
     up.add_argument("--gateway-port", type=int, default=0)
     up.add_argument("--model", default=None, help="also serve this model folder with vLLM on the CPU")
+    up.add_argument(
+        "--trainer",
+        default=None,
+        metavar="SPEC",
+        help="also run the trainer for this run spec's run on --model (then submit it with "
+        "`harnessrl train SPEC --nats-url ...`)",
+    )
     up.set_defaults(func=cmd_up)
     status = sub.add_parser("status", help="what `harnessrl up` runs where")
     status.add_argument("--home", default=None)
@@ -142,8 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
         "train", help="run a training job locally (or submit it with --nats-url) and follow it"
     )
     train.add_argument("spec", help="run spec (.toml, .yaml or .json)")
-    train.add_argument("--model", default=None, help="policy model folder (default: the spec's `model`)")
-    train.add_argument("--nats-url", default=None, help="submit to an existing deployment instead")
+    train.add_argument(
+        "--model", default=None, help="policy model folder of a local run (default: the spec's `model`)"
+    )
+    train.add_argument(
+        "--nats-url",
+        default=None,
+        help="submit to an existing deployment and follow (starts nothing; it trains its own model)",
+    )
     train.add_argument("--home", default=None)
     train.add_argument("--nats-port", type=int, default=0)
     train.add_argument("--gateway-port", type=int, default=0)

@@ -86,6 +86,8 @@ class LocalStack:
             served_model_name=SERVED_MODEL,
             port=self.ports.vllm,
             max_model_len=4096,
+            # Marks vLLM and its engine processes as this state folder's (as every service is).
+            env={"HRL_HOME": str(self.home)},
             log_file=self.home / "logs" / "vllm.log",
         )
         self.vllm.start()

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from harnessrl.shared.spawn import spawn
+
 MIN_VERSION = (2, 12, 3)
 
 
@@ -86,7 +88,7 @@ class NatsServer:
             raise NatsServerError(f"nats-server store {self.store_dir} is not usable: {exc}") from exc
         args = [self.binary, "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1"]
         args += ["-p", str(self.port), "-l", str(self.log_file)]
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = spawn(args, stdin=subprocess.DEVNULL)
         self._wait_ready(timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:

@@ -69,6 +69,11 @@ def weights(run: str) -> str:
     return f"{PREFIX}.weights.{token(run)}"
 
 
+def trainer_consumer(run: str) -> str:
+    """Durable ROLLOUTS consumer of a run's trainer (its presence shows a trainer serves the run)."""
+    return f"trainer-{token(run)}"
+
+
 def metrics(run: str, source: str) -> str:
     """Subject of per-step metrics a service publishes for dashboards."""
     return f"{PREFIX}.metrics.{token(run)}.{token(source)}"

@@ -1,8 +1,9 @@
 """Supervised local processes: the embedded default runs every service this way.
 
-Each process runs in its own process group with its output in a log file. A process that exits
-unexpectedly is reported and restarted with a growing back-off (up to `max_restarts`); stopping sends
-SIGTERM to every group, then SIGKILL to what is left, so no grandchild survives.
+Each process runs in its own process group with its output in a log file, and gets SIGTERM if the
+supervising process dies (`harnessrl.shared.spawn`). A process that exits unexpectedly is reported
+and restarted with a growing back-off (up to `max_restarts`); stopping sends SIGTERM to every group,
+then SIGKILL to what is left, so no grandchild survives.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import msgspec
 
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.spawn import spawn
 
 log = get_logger("harnessrl.supervisor")
 
@@ -61,13 +63,8 @@ class _Running:
     def start(self) -> None:
         env = {**os.environ, **self.spec.env}
         with self.log_path.open("ab") as out:
-            self.process = subprocess.Popen(
-                self.spec.argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+            self.process = spawn(
+                self.spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
             )
 
     def alive(self) -> bool:

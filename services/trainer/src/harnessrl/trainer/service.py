@@ -76,7 +76,7 @@ class TrainerService:
         spec = ConsumerSpec(
             stream=subjects.ROLLOUTS.name,
             filter_subject=subjects.rollout(self.settings.run),
-            durable=f"trainer-{self.settings.run}",
+            durable=subjects.trainer_consumer(self.settings.run),
             max_deliver=-1,
             ack_wait_s=self.settings.ack_wait_s,
             batch=128,
