@@ -66,8 +66,9 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
 async def respond(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    """Send a complete response."""
-    await send({"type": "http.response.start", "status": status, "headers": headers or JSON_HEADERS})
+    """Send a complete response (with its length: a chunked body costs the client a parse)."""
+    headers = [*(headers or JSON_HEADERS), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
