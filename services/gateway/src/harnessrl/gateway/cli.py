@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from typing import Any
 
 from harnessrl.gateway.settings import ENV_PREFIX, load_gateway_settings
+from harnessrl.shared.commands import run_subcommand
 from harnessrl.shared.settings import SettingsError
 
 
@@ -47,7 +47,4 @@ def run(args: argparse.Namespace) -> int:
 
 def main() -> None:
     """`python -m harnessrl.gateway`."""
-    parser = argparse.ArgumentParser(prog="harnessrl-gateway")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["gateway", *sys.argv[1:]])
-    raise SystemExit(args.func(args))
+    run_subcommand(register, "gateway")

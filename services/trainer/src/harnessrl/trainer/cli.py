@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
+from harnessrl.shared.commands import run_subcommand
 from harnessrl.shared.settings import SettingsError
 
 
@@ -43,7 +43,4 @@ def run(args: argparse.Namespace) -> int:
 
 def main() -> None:
     """`python -m harnessrl.trainer`."""
-    parser = argparse.ArgumentParser(prog="harnessrl-trainer")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["trainer", *sys.argv[1:]])
-    raise SystemExit(args.func(args))
+    run_subcommand(register, "trainer")
