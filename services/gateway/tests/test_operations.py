@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -245,3 +246,27 @@ async def test_seq_and_deltas_survive_a_gateway_restart(
     prompts = reconstruct_prompts(spans)
     assert all(len(prompts[s.span_id]) == s.prompt_len for s in spans)
     assert sum(len(s.prompt_suffix_ids) for s in spans) < sum(s.prompt_len for s in spans) / 2
+
+
+async def test_access_log_is_one_json_line_per_request_without_prompts(
+    canned: CannedUpstream, bus: Bus, capsys: pytest.CaptureFixture[str]
+) -> None:
+    episode = Episode()
+    secret_prompt = {"messages": [{"role": "user", "content": "the-prompt-text-never-logged"}]}
+    async with serve_gateway(settings_for([canned.url], access_log=True), bus) as gateway:
+        for _ in range(3):
+            status, _, _ = await _request(
+                "POST", gateway.url + "/v1/chat/completions", key=episode.key, json=secret_prompt
+            )
+            assert status == 200
+        status, _, _ = await _request("POST", gateway.url + "/v1/chat/completions", key="bad", json=CHAT)
+        assert status == 401
+        await asyncio.sleep(0.5)  # lines are written in batches, at most 0.2 s late
+        err = capsys.readouterr().err
+    assert "the-prompt-text-never-logged" not in err and episode.key not in err
+    logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    lines = [line for line in logged if line.get("event") == "request"]
+    assert [line["status"] for line in lines] == [200, 200, 200, 401]
+    for line in lines:
+        assert line["level"] == "info" and line["route"] == "/v1/chat/completions"
+        assert line["method"] == "POST" and line["ms"] >= 0 and line["timestamp"].endswith("Z")

@@ -50,6 +50,7 @@ class GatewayApp:
 def create_app(settings: GatewaySettings, bus: Bus, *, owns_bus: bool = False) -> GatewayApp:
     """Build the gateway app; its lifespan starts and stops the gateway (and the bus if owned)."""
     gateway = Gateway(settings, bus)
+    proxy = Proxy(gateway)
 
     @get("/healthz", sync_to_thread=False)
     def healthz() -> dict[str, str]:
@@ -75,6 +76,8 @@ def create_app(settings: GatewaySettings, bus: Bus, *, owns_bus: bool = False) -
             yield
         finally:
             await gateway.stop()
+            if proxy.access_log is not None:
+                proxy.access_log.flush()
             if owns_bus:
                 await bus.close()
 
@@ -85,7 +88,7 @@ def create_app(settings: GatewaySettings, bus: Bus, *, owns_bus: bool = False) -
         openapi_config=None,
         debug=False,
     )
-    return GatewayApp(app, Proxy(gateway))
+    return GatewayApp(app, proxy)
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from harnessrl.gateway import artifacts
+from harnessrl.gateway.accesslog import AccessLog
 from harnessrl.gateway.apis import API_BY_PATH, Api
 from harnessrl.gateway.asgi import (
     JSON_HEADERS,
@@ -47,7 +48,6 @@ from harnessrl.shared.ids import new_id
 from harnessrl.shared.keys import EpisodeClaims
 from harnessrl.shared.log import get_logger
 
-access = get_logger("harnessrl.gateway.access")
 log = get_logger("harnessrl.gateway.proxy")
 
 _decoder = msgspec.json.Decoder()
@@ -70,6 +70,7 @@ class Proxy:
         self.metrics = gateway.metrics
         self.forwarder = Forwarder(gateway)
         self.keys = KeyVerifier(gateway.settings.secret)
+        self.access_log = AccessLog(gateway.settings.log_level) if gateway.settings.access_log else None
         self._counters: dict[tuple[str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -100,9 +101,10 @@ class Proxy:
             counter = self._counters[route, status] = self.metrics.requests.labels(route, str(status))
         counter.inc()
         self.metrics.latency.labels(route).observe(elapsed)
-        if self.settings.access_log:
-            access.info("request", method=scope["method"], route=route, status=status,
-                        ms=round(elapsed * 1000, 2))  # fmt: skip
+        if self.access_log is not None:
+            self.access_log.request(
+                method=scope["method"], route=route, status=status, ms=round(elapsed * 1000, 2)
+            )
 
     async def _route(
         self, path: str, path_key: str | None, scope: Scope, receive: Receive, send: Send
