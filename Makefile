@@ -30,4 +30,6 @@ demo: dev
 bench: $(addprefix bench-,$(BENCHES))
 
 $(addprefix bench-,$(BENCHES)): bench-%: dev
+	@[ "$*" != gateway ] || command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null 2>&1 \
+		|| echo "wrk not installable here: bench-gateway uses its aiohttp load generator"
 	$(PY) -m harnessrl.benchmarks $*

@@ -3,7 +3,7 @@
 On loopback, in one run: (a) a canned upstream directly, (b) our gateway in front of it with span
 publishing to a real nats-server, (c) LiteLLM's proxy in front of the same upstream. Then the
 same at a 100 ms upstream with 64 connections, direct and through the gateway. The last stdout
-line is one JSON object. Load generator: `wrk` (2 threads, keep-alive) when installed, else an
+line is one JSON object. Load generator: `wrk` (1 thread, keep-alive) when installed, else an
 asyncio/aiohttp client (named in the `load_generator` field).
 """
 
