@@ -2,7 +2,8 @@
 
 On loopback, in one run: (a) a canned upstream directly, (b) our gateway in front of it with span
 publishing to a real nats-server, (c) LiteLLM's proxy in front of the same upstream. Then the
-same at a 100 ms upstream with 64 connections, direct and through the gateway. The last stdout
+same at a 100 ms upstream with 64 connections, direct, through the gateway and through the
+floor (`bench_floor`: the same libraries forwarding and publishing with no gateway logic). The last stdout
 line is one JSON object. Load generator: `wrk` (1 thread, keep-alive) when installed, else an
 asyncio/aiohttp client (named in the `load_generator` field).
 """
@@ -82,16 +83,17 @@ def _upstream(procs: Processes, delay_s: float) -> str:
     return url
 
 
-def _gateway(procs: Processes, upstream: str, nats_url: str, name: str, **settings: str) -> tuple[str, int]:
+def _gateway(
+    procs: Processes, upstream: str, nats_url: str, name: str, module: str = "harnessrl.gateway"
+) -> tuple[str, int]:
     port = free_port()
     env = {
-        **{f"HRL_GATEWAY_{key.upper()}": value for key, value in settings.items()},
         "HRL_GATEWAY_KEY_SECRET": SECRET,
         "HRL_GATEWAY_PORT": str(port),
         "HRL_GATEWAY_NATS_URL": nats_url,
         "HRL_GATEWAY_UPSTREAMS": json.dumps([upstream]),
     }
-    child = procs.start(name, [sys.executable, "-m", "harnessrl.gateway"], env)
+    child = procs.start(name, [sys.executable, "-m", module], env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(url + "/readyz", 180)
@@ -154,6 +156,7 @@ def measure(workdir: Path, procs: Processes) -> dict[str, Any]:
         procs.adopt(start_litellm(litellm_venv(), fast, lite_port, workdir))
         gateway_fast, gateway_pid = _gateway(procs, fast, nats.url, "gateway-fast")
         gateway_slow, _ = _gateway(procs, slow, nats.url, "gateway-slow")
+        floor_slow, _ = _gateway(procs, slow, nats.url, "floor-slow", "harnessrl.gateway.bench_floor")
         lite = f"http://127.0.0.1:{lite_port}"
         wait_http(lite + "/health/liveliness", 120)
         key = {"Authorization": "Bearer " + sign_episode_key(SECRET.encode(), "bench", "ep-1", 3600)}
@@ -163,6 +166,7 @@ def measure(workdir: Path, procs: Processes) -> dict[str, Any]:
             "litellm_c32": _load(lite + CHAT, {"Authorization": f"Bearer {MASTER_KEY}"}, 32),
             "direct_100ms_c64": _load(slow + CHAT, {}, 64),
             "gateway_100ms_c64": _load(gateway_slow + CHAT, key, 64),
+            "floor_100ms_c64": _load(floor_slow + CHAT, {}, 64),
         }
         for label, (_, result) in runs.items():
             _progress(label, result)
@@ -176,6 +180,7 @@ def measure(workdir: Path, procs: Processes) -> dict[str, Any]:
 def _report(runs: dict[str, tuple[LoadResult, LoadResult]], rss: float, stored: int) -> dict[str, Any]:
     direct, gateway, lite = runs["direct_c32"][1], runs["gateway_c32"][1], runs["litellm_c32"][1]
     direct100, gateway100 = runs["direct_100ms_c64"][1], runs["gateway_100ms_c64"][1]
+    floor100 = runs["floor_100ms_c64"][1]
     answered = sum(r.ok for name, pair in runs.items() if name.startswith("gateway") for r in pair)
     return {
         "rps_c32": round(gateway.rps, 1),
@@ -186,6 +191,8 @@ def _report(runs: dict[str, tuple[LoadResult, LoadResult]], rss: float, stored: 
         "p99_ms_c32": round(gateway.p99_ms, 2),
         "overhead_p50_ms_100ms": round(gateway100.p50_ms - direct100.p50_ms, 2),
         "throughput_ratio_100ms": round(gateway100.rps / direct100.rps, 3),
+        "floor_overhead_p50_ms_100ms": round(floor100.p50_ms - direct100.p50_ms, 2),
+        "floor_throughput_ratio_100ms": round(floor100.rps / direct100.rps, 3),
         "rss_mb": round(rss, 1),
         "spans_missing": max(0, answered - stored),
         "spans_stored": stored,
