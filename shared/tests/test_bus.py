@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import nats.errors
 import pytest
 
 from harnessrl.shared import subjects
@@ -228,3 +229,55 @@ async def eventually_async(read: Callable[[], Awaitable[list[Delivery]]], count:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"expected {count} messages")
+
+
+class _LossyBucket:
+    """A nats KV bucket whose next writes lose their reply (after landing) or fail before sending."""
+
+    def __init__(self, bucket: object) -> None:
+        self.bucket = bucket
+        self.lose_reply = 0
+        self.fail_before = 0
+
+    async def _write(self, call: Callable[[], Awaitable[int]]) -> int:
+        if self.fail_before:
+            self.fail_before -= 1
+            raise nats.errors.TimeoutError
+        revision = await call()
+        if self.lose_reply:
+            self.lose_reply -= 1
+            raise nats.errors.TimeoutError
+        return revision
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self._write(lambda: self.bucket.create(key, value))  # type: ignore[attr-defined, no-any-return]
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        return await self._write(lambda: self.bucket.update(key, value, last=last))  # type: ignore[attr-defined, no-any-return]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.bucket, name)
+
+
+async def test_kv_writes_ride_out_lost_replies(nats_server: NatsServer) -> None:
+    bus = NatsBus(nats_server.url, publish_retry_s=10.0)
+    await bus.connect()
+    try:
+        kv = await bus.kv(subjects.BucketSpec(name=new_id("kv")))
+        lossy = _LossyBucket(kv._kv)  # type: ignore[attr-defined]
+        kv._kv = lossy  # type: ignore[attr-defined]
+        lossy.lose_reply = 1
+        rev = await kv.create("ep-1", b"scheduled")  # landed, reply lost: not "already exists"
+        lossy.lose_reply = 1
+        rev2 = await kv.update("ep-1", b"started", rev)  # landed, reply lost: not a conflict
+        lossy.fail_before = 2
+        rev3 = await kv.update("ep-1", b"exited", rev2)  # never sent: sent again
+        entry = await kv.get("ep-1")
+        assert entry is not None and entry.value == b"exited" and entry.revision == rev3 > rev2 > rev
+        assert lossy.lose_reply == lossy.fail_before == 0
+        with pytest.raises(RevisionMismatchError):  # a real conflict is still one
+            await kv.update("ep-1", b"someone else", rev2)
+        with pytest.raises(KeyExistsError):
+            await kv.create("ep-1", b"again")
+    finally:
+        await bus.close()

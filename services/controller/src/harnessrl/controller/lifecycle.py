@@ -9,8 +9,7 @@ single terminal event of each episode, reaches the bus exactly once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import msgspec
 
@@ -23,7 +22,7 @@ from harnessrl.shared.bus import Bus
 from harnessrl.shared.contracts import EpisodeFailed, EpisodeScored, FailureCause, TaskSpec, now
 from harnessrl.shared.log import get_logger
 
-Relaunch = Callable[[EpisodeRecord], Coroutine[Any, Any, None]]
+Relaunch = Callable[[EpisodeRecord], None]
 
 
 class EpisodeBook:
@@ -144,7 +143,7 @@ class EpisodeBook:
         await self.finish(record, "infra", reason, retried_as=retry.episode)
         self._log.info("infra failure retried", episode=record.episode, retry=retry.episode, reason=reason)
         if self.on_retry is not None:
-            asyncio.get_running_loop().create_task(self.on_retry(retry))
+            self.on_retry(retry)
 
     async def finish(
         self,

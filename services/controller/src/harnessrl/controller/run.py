@@ -52,7 +52,7 @@ class RunDriver:
             launcher_kind=launcher.kind,
             infra_retries=self.spec.infra_retries,
         )
-        self.book.on_retry = self.launch
+        self.book.on_retry = lambda retry: self.spawn(self.launch(retry))
         self._wake = asyncio.Event()
         self.book.on_change = self._wake.set
         self.version = 0
@@ -92,7 +92,13 @@ class RunDriver:
         """Run a coroutine in the background, keeping a reference until it ends."""
         task = asyncio.create_task(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """Forget a finished background task; a failure is logged, never silently dropped."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._log.error("background task failed", error=repr(error), exc_info=error)
 
     # --- scheduling ------------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 import nats
@@ -43,6 +43,8 @@ from harnessrl.shared.bus.outcome import settle
 from harnessrl.shared.contracts import encode
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.subjects import ALL_STREAMS, BucketSpec, StreamSpec, dead_letter
+
+T = TypeVar("T")
 
 log = get_logger("harnessrl.bus")
 
@@ -237,7 +239,7 @@ class NatsBus(Bus):
             bucket = await self.js.key_value(spec.name)
         except nats.js.errors.BucketNotFoundError:
             bucket = await self.js.create_key_value(bucket=spec.name, history=spec.history)
-        return _NatsKeyValue(bucket)
+        return _NatsKeyValue(bucket, self.publish_retry_s)
 
     async def _object_store(self, bucket: str) -> Any:
         try:
@@ -373,10 +375,34 @@ class _PullSubscription(Subscription):
 
 
 class _NatsKeyValue(KeyValue):
-    def __init__(self, bucket: Any) -> None:
+    """A KV bucket whose calls ride out a lost or late reply within `retry_s`.
+
+    A write whose reply timed out may still have landed. Before retrying, the key is read back: our
+    value at a newer revision means it did (that revision is returned); the revision we wrote against
+    still current means it did not (the write is retried); anything else is someone else's write
+    (`RevisionMismatchError` / `KeyExistsError`). So a slow server never turns into a false conflict.
+    """
+
+    def __init__(self, bucket: Any, retry_s: float) -> None:
         self._kv = bucket
+        self._retry_s = retry_s
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        deadline = time.monotonic() + self._retry_s
+        delay = 0.05
+        while True:
+            try:
+                return await call()
+            except _RETRYABLE as exc:
+                if time.monotonic() + delay > deadline:
+                    raise BusError(f"KV {what} not answered in {self._retry_s:g} s: {exc!r}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def get(self, key: str) -> KvEntry | None:
+        return await self._retrying(f"get {key}", lambda: self._get(key))
+
+    async def _get(self, key: str) -> KvEntry | None:
         try:
             entry = await self._kv.get(key)
         except nats.js.errors.KeyNotFoundError:
@@ -386,25 +412,54 @@ class _NatsKeyValue(KeyValue):
         return KvEntry(key=key, value=bytes(entry.value), revision=int(entry.revision or 0))
 
     async def put(self, key: str, value: bytes) -> int:
+        return await self._retrying(f"put {key}", lambda: self._put(key, value))
+
+    async def _put(self, key: str, value: bytes) -> int:
         return int(await self._kv.put(key, value))
 
     async def create(self, key: str, value: bytes) -> int:
-        try:
-            return int(await self._kv.create(key, value))
-        except nats.js.errors.KeyWrongLastSequenceError as exc:
-            raise KeyExistsError(key) from exc
+        return await self._write(key, value, None)
 
     async def update(self, key: str, value: bytes, revision: int) -> int:
-        try:
-            return int(await self._kv.update(key, value, last=revision))
-        except nats.js.errors.KeyWrongLastSequenceError as exc:
-            raise RevisionMismatchError(key) from exc
+        return await self._write(key, value, revision)
+
+    async def _write(self, key: str, value: bytes, revision: int | None) -> int:
+        """Create (`revision` None) or update at `revision`, resolving lost replies by reading back."""
+        uncertain = False
+
+        async def attempt() -> int:
+            nonlocal uncertain
+            if uncertain:
+                stored = await self._get(key)
+                if stored is not None and stored.value == value and stored.revision != revision:
+                    return stored.revision  # the earlier attempt landed
+            uncertain = True
+            try:
+                if revision is None:
+                    result = int(await self._kv.create(key, value))
+                else:
+                    result = int(await self._kv.update(key, value, last=revision))
+            except nats.js.errors.KeyWrongLastSequenceError as exc:
+                stored = await self._get(key)
+                if stored is not None and stored.value == value:
+                    return stored.revision  # ours, written by an attempt whose reply was lost
+                raise (KeyExistsError if revision is None else RevisionMismatchError)(key) from exc
+            uncertain = False
+            return result
+
+        return await self._retrying(f"write {key}", attempt)
 
     async def delete(self, key: str) -> None:
+        await self._retrying(f"delete {key}", lambda: self._delete(key))
+
+    async def _delete(self, key: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
             await self._kv.delete(key)
 
     async def keys(self) -> list[str]:
+        return await self._retrying("keys", self._keys)
+
+    async def _keys(self) -> list[str]:
         try:
             return list(await self._kv.keys())
         except nats.js.errors.NoKeysError:
