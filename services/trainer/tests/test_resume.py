@@ -12,7 +12,7 @@ import msgspec
 
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus
-from harnessrl.shared.contracts import WeightVersion
+from harnessrl.shared.contracts import StepMetrics, WeightVersion
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.natsserver import NatsServer
 from harnessrl.trainer.corpus import publish_episodes as publish_group
@@ -81,3 +81,6 @@ async def test_kill_9_and_resume(bus: Bus, nats_server: NatsServer, tiny_model: 
     assert len(trained) == len(set(trained)) == 16
     assert set(trained) == {rollout.episode for group in groups for _, rollout in group}
     assert "trainer.resumed" in log.read_text()
+    # Every step is announced, even one whose metrics the kill cut off (recovered on restart).
+    metrics = await bus.replay(subjects.METRICS.name, subjects.metrics(run, "trainer"))
+    assert sorted({item.decode(StepMetrics).step for item in metrics}) == [1, 2, 3, 4]

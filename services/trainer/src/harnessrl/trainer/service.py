@@ -25,6 +25,7 @@ from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription, TransientError
 from harnessrl.shared.contracts import RolloutComplete, Span, StepMetrics, WeightVersion
 from harnessrl.shared.log import get_logger
+from harnessrl.trainer.advantages import AssembledRollout
 from harnessrl.trainer.assembly import RolloutPool
 from harnessrl.trainer.metrics import MetricsSink
 from harnessrl.trainer.samples import TrainingRow
@@ -60,6 +61,7 @@ class TrainerService:
         self.last_metrics: StepMetrics | None = None
         self._subscription: Subscription | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._step_task: asyncio.Future[None] | None = None
         self._wake = asyncio.Event()
         # Rollouts of the step being trained: out of the pool, not yet settled.
         self._in_step: set[str] = set()
@@ -73,6 +75,8 @@ class TrainerService:
                 self.trainer.mark_published()
             else:
                 await self._publish_version()
+        if state.step > 0:
+            await self._recover_metrics()
         spec = ConsumerSpec(
             stream=subjects.ROLLOUTS.name,
             filter_subject=subjects.rollout(self.settings.run),
@@ -92,6 +96,8 @@ class TrainerService:
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._step_task is not None:
+            await asyncio.gather(self._step_task, return_exceptions=True)
         await self.sync.close()
         self.sink.close()
 
@@ -132,13 +138,19 @@ class TrainerService:
                     await asyncio.wait_for(self._wake.wait(), timeout=0.5)
                 continue
             batch = self.pool.take(ready[: self.settings.batch_groups])
-            reports = {item.rollout_id: self.pool.reports.pop(item.rollout_id) for item in batch}
-            self._in_step = {item.rollout_id for item in batch}
-            try:
-                result = await asyncio.to_thread(self.trainer.step, batch, reports)
-            finally:
-                self._in_step = set()
-            await self._after_step(result)
+            # Shielded: a stop waits for the step in flight to be checkpointed *and* announced
+            # (weights, metrics), so a restart never finds a step whose metrics were never sent.
+            self._step_task = asyncio.ensure_future(self._step(batch))
+            await asyncio.shield(self._step_task)
+
+    async def _step(self, batch: list[AssembledRollout]) -> None:
+        reports = {item.rollout_id: self.pool.reports.pop(item.rollout_id) for item in batch}
+        self._in_step = {item.rollout_id for item in batch}
+        try:
+            result = await asyncio.to_thread(self.trainer.step, batch, reports)
+        finally:
+            self._in_step = set()
+        await self._after_step(result)
 
     def _done(self) -> bool:
         limit = self.settings.max_steps
@@ -161,12 +173,27 @@ class TrainerService:
         )
         self.last_metrics = metrics
         self.sink.write(metrics)
+        await self._send_metrics(metrics)
+        self.steps_done.set()
+
+    async def _send_metrics(self, metrics: StepMetrics) -> None:
         await self.bus.publish(
             subjects.metrics(self.settings.run, "trainer"),
             metrics,
             msg_id=f"{self.settings.run}:metrics:{metrics.step}:{metrics.version}:{metrics.at}",
         )
-        self.steps_done.set()
+
+    async def _recover_metrics(self) -> None:
+        """Announce the checkpointed step whose metrics never went out (a kill -9 right after it)."""
+        state = self.trainer.state
+        stored = await self.bus.replay(subjects.METRICS.name, subjects.metrics(self.settings.run, "trainer"))
+        if any(item.decode(StepMetrics).step == state.step for item in stored):
+            return
+        values = {"step/recovered": 1.0}  # the step's own values died with the process
+        await self._send_metrics(
+            StepMetrics(run=state.run, step=state.step, version=state.version, values=values)
+        )
+        log.warning("trainer.metrics_recovered", run=state.run, step=state.step)
 
     async def _sync_replicas(self) -> float:
         version = self.trainer.version
