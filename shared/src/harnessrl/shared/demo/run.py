@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -115,7 +116,11 @@ def run_demo(home: Path, settings: DemoSettings) -> dict[str, float | int]:
     base = build_model(home)
     console.rule(f"phase 2/5: warm start ({settings.warm_steps} supervised steps)")
     warm = warm_start(home, base, settings)
-    session = TrainSession(run_spec(home, settings, warm), home)
+    # The demo's stack keeps its state (streams, KV, checkpoints) apart from the user's own runs and
+    # starts it afresh: a second `make demo` runs the demo again instead of resuming a finished run.
+    state = home / "demo" / "state"
+    shutil.rmtree(state, ignore_errors=True)
+    session = TrainSession(run_spec(home, settings, warm), state)
     try:
         console.rule("phase 3/5: starting nats-server, vLLM, gateway, reward, controller, trainer")
         session.start_stack()
