@@ -18,6 +18,7 @@ from harnessrl.shared.bus import (
     NatsBus,
     Outgoing,
     PermanentError,
+    PublishError,
     RevisionMismatchError,
     StreamDriftError,
     TransientError,
@@ -279,5 +280,21 @@ async def test_kv_writes_ride_out_lost_replies(nats_server: NatsServer) -> None:
             await kv.update("ep-1", b"someone else", rev2)
         with pytest.raises(KeyExistsError):
             await kv.create("ep-1", b"again")
+    finally:
+        await bus.close()
+
+
+async def test_publish_budget_bounds_the_retries(nats_server: NatsServer) -> None:
+    bus = NatsBus(nats_server.url, publish_retry_s=30.0)
+    await bus.connect()
+    await bus.ensure_streams([subjects.WEIGHTS])
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(PublishError, match="not acknowledged"):  # no stream takes it: retried
+            await bus.publish("nowhere.stored", weight("r", 1), msg_id="m-1", budget_s=0.5)
+        assert 0.3 < loop.time() - started < 2.0  # its own budget, not the bus's 30 s
+        ack = await bus.publish(subjects.weights("budget"), weight("budget", 1), msg_id="m-2", budget_s=0.5)
+        assert ack.seq > 0 and not ack.duplicate
     finally:
         await bus.close()

@@ -7,6 +7,7 @@ go to the raw ASGI `Proxy` without Litestar's router and middleware. Operations 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -72,6 +73,10 @@ def create_app(settings: GatewaySettings, bus: Bus, *, owns_bus: bool = False) -
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         await gateway.start()
+        # Start-up objects (modules, the app, clients) never become garbage: out of the collector's
+        # sight, a full collection scans only what requests leave behind (shorter tail pauses).
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:

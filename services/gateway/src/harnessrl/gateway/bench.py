@@ -6,6 +6,11 @@ same at a 100 ms upstream with 64 connections, direct, through the gateway and t
 floor (`bench_floor`: the same libraries forwarding and publishing with no gateway logic). The last stdout
 line is one JSON object. Load generator: `wrk` (1 thread, keep-alive) when installed, else an
 asyncio/aiohttp client (named in the `load_generator` field).
+
+With two or more CPUs, the proxy under test (gateway, floor or LiteLLM) runs on a CPU of its own
+and the load generator, upstream and nats-server share the others, as when the gateway is deployed
+with a dedicated core: otherwise the load generator and the upstream steal the very CPU being
+measured. `pinned` in the report says whether that was so.
 """
 
 from __future__ import annotations
@@ -58,12 +63,13 @@ class Processes:
         """Stop `child` with the others."""
         self.children.append(child)
 
-    def stop(self) -> None:
-        """Terminate every child's process group, then kill what is left."""
-        for child in self.children:
+    def stop(self, *only: subprocess.Popen[bytes]) -> None:
+        """Terminate the process groups of `only` (default: every child), then kill what is left."""
+        children = list(only) or self.children
+        for child in children:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGTERM)
-        for child in self.children:
+        for child in children:
             try:
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -101,6 +107,19 @@ def _gateway(
         log = (procs.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{name} not ready (exit code {child.poll()}):\n{log}") from exc
     return url, child.pid
+
+
+def _cpu_split() -> tuple[set[int], set[int]] | None:
+    """(load side, proxy under test): the last allowed CPU for the proxy, the rest for the load."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return (set(cpus[:-1]), {cpus[-1]}) if len(cpus) >= 2 else None
+
+
+def _pin(pid: int, cpus: set[int] | None) -> None:
+    """Move `pid` and its children onto `cpus` (no-op without a split)."""
+    if cpus is not None:
+        for each in (pid, *_children(pid)):
+            os.sched_setaffinity(each, cpus)
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -147,57 +166,85 @@ def _progress(label: str, result: LoadResult) -> None:
 
 
 def measure(workdir: Path, procs: Processes) -> dict[str, Any]:
-    """Start everything, run the five loads, compute the report."""
+    """Start everything, run the loads, compute the report."""
+    split = _cpu_split()
+    everything = os.sched_getaffinity(0)
+    if split is not None:
+        os.sched_setaffinity(0, split[0])  # children (nats-server, upstreams, wrk) inherit it
     nats = NatsServer(workdir / "nats")
     nats.start()
     try:
         fast, slow = _upstream(procs, 0.0), _upstream(procs, 0.1)
         lite_port = free_port()
-        procs.adopt(start_litellm(litellm_venv(), fast, lite_port, workdir))
+        litellm = start_litellm(litellm_venv(), fast, lite_port, workdir)
+        procs.adopt(litellm)
         gateway_fast, gateway_pid = _gateway(procs, fast, nats.url, "gateway-fast")
-        gateway_slow, _ = _gateway(procs, slow, nats.url, "gateway-slow")
-        floor_slow, _ = _gateway(procs, slow, nats.url, "floor-slow", "harnessrl.gateway.bench_floor")
+        gateway_slow, slow_pid = _gateway(procs, slow, nats.url, "gateway-slow")
+        floor_slow, floor_pid = _gateway(procs, slow, nats.url, "floor-slow", "harnessrl.gateway.bench_floor")
         lite = f"http://127.0.0.1:{lite_port}"
         wait_http(lite + "/health/liveliness", 120)
+        for pid in (gateway_pid, slow_pid, floor_pid, litellm.pid):
+            _pin(pid, split[1] if split else None)
         key = {"Authorization": "Bearer " + sign_episode_key(SECRET.encode(), "bench", "ep-1", 3600)}
         runs: dict[str, tuple[LoadResult, LoadResult]] = {
             "direct_c32": _load(fast + CHAT, {}, 32),
             "gateway_c32": _load(gateway_fast + CHAT, key, 32),
             "litellm_c32": _load(lite + CHAT, {"Authorization": f"Bearer {MASTER_KEY}"}, 32),
+        }
+        procs.stop(litellm)  # its background work would share the measured CPU from here on
+        runs |= {
             "direct_100ms_c64": _load(slow + CHAT, {}, 64),
             "gateway_100ms_c64": _load(gateway_slow + CHAT, key, 64),
             "floor_100ms_c64": _load(floor_slow + CHAT, {}, 64),
         }
+        if split is not None:  # the same again with every process free to run on every CPU
+            running = [c for c in [*procs.children, nats.process] if c is not None and c.poll() is None]
+            for pid in (os.getpid(), *(c.pid for c in running)):
+                _pin(pid, everything)
+            runs |= {
+                "direct_100ms_c64_shared": _load(slow + CHAT, {}, 64),
+                "gateway_100ms_c64_shared": _load(gateway_slow + CHAT, key, 64),
+            }
         for label, (_, result) in runs.items():
             _progress(label, result)
         rss = _peak_rss_mb(gateway_pid)
         stored = asyncio.run(_stored_spans(nats.url))
     finally:
         nats.stop()
+        os.sched_setaffinity(0, everything)
     return _report(runs, rss, stored)
 
 
 def _report(runs: dict[str, tuple[LoadResult, LoadResult]], rss: float, stored: int) -> dict[str, Any]:
-    direct, gateway, lite = runs["direct_c32"][1], runs["gateway_c32"][1], runs["litellm_c32"][1]
-    direct100, gateway100 = runs["direct_100ms_c64"][1], runs["gateway_100ms_c64"][1]
-    floor100 = runs["floor_100ms_c64"][1]
+    result = {name: pair[1] for name, pair in runs.items()}
+    direct, gateway, lite = result["direct_c32"], result["gateway_c32"], result["litellm_c32"]
     answered = sum(r.ok for name, pair in runs.items() if name.startswith("gateway") for r in pair)
-    return {
+    report = {
         "rps_c32": round(gateway.rps, 1),
         "litellm_rps_c32": round(lite.rps, 1),
         "direct_rps_c32": round(direct.rps, 1),
         "ratio_vs_litellm": round(gateway.rps / lite.rps, 1) if lite.rps else None,
         "p50_ms_c32": round(gateway.p50_ms, 2),
         "p99_ms_c32": round(gateway.p99_ms, 2),
-        "overhead_p50_ms_100ms": round(gateway100.p50_ms - direct100.p50_ms, 2),
-        "throughput_ratio_100ms": round(gateway100.rps / direct100.rps, 3),
-        "floor_overhead_p50_ms_100ms": round(floor100.p50_ms - direct100.p50_ms, 2),
-        "floor_throughput_ratio_100ms": round(floor100.rps / direct100.rps, 3),
+        **_added("", result["gateway_100ms_c64"], result["direct_100ms_c64"]),
+        **_added("floor_", result["floor_100ms_c64"], result["direct_100ms_c64"]),
         "rss_mb": round(rss, 1),
         "spans_missing": max(0, answered - stored),
         "spans_stored": stored,
-        "gateway_failed": gateway.failed + gateway100.failed,
+        "gateway_failed": sum(r.failed for name, r in result.items() if name.startswith("gateway")),
         "load_generator": gateway.tool,
+        "pinned": "gateway_100ms_c64_shared" in result,
+    }
+    if report["pinned"]:
+        report |= _added("shared_cpu_", result["gateway_100ms_c64_shared"], result["direct_100ms_c64_shared"])
+    return report
+
+
+def _added(prefix: str, proxied: LoadResult, direct: LoadResult) -> dict[str, float]:
+    """What a proxy adds at the 100 ms upstream: p50 latency and lost throughput."""
+    return {
+        f"{prefix}overhead_p50_ms_100ms": round(proxied.p50_ms - direct.p50_ms, 2),
+        f"{prefix}throughput_ratio_100ms": round(proxied.rps / direct.rps, 3),
     }
 
 

@@ -8,7 +8,6 @@ refers to a span that isn't stored. A publish that can't be acknowledged within
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -119,9 +118,9 @@ class SpanRecorder:
     async def publish(self, span: Span, calls: EpisodeCalls, capture: Capture) -> None:
         """Publish and await the ack; then the span is the parent of the episode's next call."""
         started = time.perf_counter()
+        subject = subjects.span(span.run, span.episode)
         try:
-            async with asyncio.timeout(self.timeout_s):
-                await self.bus.publish(subjects.span(span.run, span.episode), span, msg_id=span.span_id)
+            await self.bus.publish(subject, span, msg_id=span.span_id, budget_s=self.timeout_s)
         except Exception as exc:
             self.metrics.publish_failures.inc()
             log.error("span.publish_failed", span=span.span_id, error=repr(exc))

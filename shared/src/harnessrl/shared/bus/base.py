@@ -159,8 +159,14 @@ class Bus(abc.ABC):
         """Create missing streams; raise `StreamDriftError` when an existing one differs."""
 
     @abc.abstractmethod
-    async def publish(self, subject: str, message: msgspec.Struct, *, msg_id: str) -> PubAck:
-        """Publish and await the JetStream ack, retrying timeouts with the same `msg_id`."""
+    async def publish(
+        self, subject: str, message: msgspec.Struct, *, msg_id: str, budget_s: float | None = None
+    ) -> PubAck:
+        """Publish and await the JetStream ack, retrying timeouts with the same `msg_id`.
+
+        `budget_s` bounds the whole publish, retries included (default: the bus's retry budget);
+        past it, `PublishError`.
+        """
 
     @abc.abstractmethod
     async def publish_batch(self, items: Sequence[Outgoing]) -> list[PubAck]:

@@ -112,8 +112,10 @@ class MemoryBus(Bus):
                 return stream
         raise BusError(f"no stream captures subject {subject}")
 
-    async def publish(self, subject: str, message: msgspec.Struct, *, msg_id: str) -> PubAck:
-        """Append unless `msg_id` was seen; the ack says which."""
+    async def publish(
+        self, subject: str, message: msgspec.Struct, *, msg_id: str, budget_s: float | None = None
+    ) -> PubAck:
+        """Append unless `msg_id` was seen; the ack says which (never waits: `budget_s` is moot)."""
         return self._append(subject, encode(message), msg_id)
 
     def _append(self, subject: str, data: bytes, msg_id: str) -> PubAck:

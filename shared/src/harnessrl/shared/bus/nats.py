@@ -162,18 +162,21 @@ class NatsBus(Bus):
 
     # --- publishing ------------------------------------------------------------------------------
 
-    async def publish(self, subject: str, message: msgspec.Struct, *, msg_id: str) -> PubAck:
+    async def publish(
+        self, subject: str, message: msgspec.Struct, *, msg_id: str, budget_s: float | None = None
+    ) -> PubAck:
         """Publish and await the ack; retry timeouts with the same msg id until the budget ends."""
-        return await self._publish_raw(subject, encode(message), msg_id)
+        return await self._publish_raw(subject, encode(message), msg_id, budget_s)
 
-    async def _publish_raw(self, subject: str, payload: bytes, msg_id: str) -> PubAck:
-        deadline = time.monotonic() + self.publish_retry_s
+    async def _publish_raw(
+        self, subject: str, payload: bytes, msg_id: str, budget_s: float | None = None
+    ) -> PubAck:
+        deadline = time.monotonic() + (self.publish_retry_s if budget_s is None else budget_s)
         delay = 0.05
         while True:
+            attempt_s = max(min(self.publish_timeout_s, deadline - time.monotonic()), 0.01)
             try:
-                ack = await self.js.publish(
-                    subject, payload, timeout=self.publish_timeout_s, headers={MSG_ID: msg_id}
-                )
+                ack = await self.js.publish(subject, payload, timeout=attempt_s, headers={MSG_ID: msg_id})
                 return PubAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
             except _RETRYABLE as exc:
                 if time.monotonic() + delay > deadline:
