@@ -12,10 +12,11 @@ import aiohttp
 import pytest
 
 from harnessrl.gateway.canned_upstream import CannedUpstream
+from harnessrl.gateway.episodes import EpisodeBook
 from harnessrl.gateway.testing import ADMIN, Episode, serve_gateway, settings_for
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus
-from harnessrl.shared.contracts import AgentExited, UpstreamRegistration, WeightVersion
+from harnessrl.shared.contracts import AgentExited, EpisodeScheduled, UpstreamRegistration, WeightVersion
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.subjects import ARTIFACTS_BUCKET
 from harnessrl.shared.tokens import reconstruct_prompts
@@ -270,3 +271,41 @@ async def test_access_log_is_one_json_line_per_request_without_prompts(
     for line in lines:
         assert line["level"] == "info" and line["route"] == "/v1/chat/completions"
         assert line["method"] == "POST" and line["ms"] >= 0 and line["timestamp"].endswith("Z")
+
+
+async def _schedule(bus: Bus, episode: Episode, sampling: dict[str, Any]) -> None:
+    """What the controller publishes before it launches the episode's harness."""
+    event = EpisodeScheduled(run=episode.run, episode=episode.episode, task="t", group="g", sampling=sampling)
+    subject = subjects.episode_event(episode.run, episode.episode, "scheduled")
+    await bus.publish(subject, event, msg_id=f"{episode.run}:{episode.episode}:scheduled")
+
+
+async def test_sampling_policy_run_over_gateway_over_client(canned: CannedUpstream, bus: Bus) -> None:
+    trained, untrained = Episode(run=new_id("samp")), Episode(run=new_id("free"))
+    await _schedule(bus, trained, {"temperature": 0.25, "top_p": 0.5})
+    settings = settings_for([canned.url], sampling={"temperature": 0.9, "seed": 7})
+    async with serve_gateway(settings, bus) as gateway:
+        asked = {**CHAT, "temperature": 1.5, "max_tokens": 5}
+        for episode in (trained, untrained):
+            status, _, _ = await _request(
+                "POST", gateway.url + "/v1/chat/completions", key=episode.key, json=asked
+            )
+            assert status == 200
+    trained_body, untrained_body = canned.bodies[-2:]
+    chosen = [trained_body[name] for name in ("temperature", "top_p", "seed", "max_tokens")]
+    assert chosen == [0.25, 0.5, 7, 5]  # the run's, the gateway's default, the client's own
+    assert (untrained_body["temperature"], untrained_body["seed"]) == (0.9, 7)
+    assert "top_p" not in untrained_body
+    [span] = await trained.spans(bus)
+    assert (span.request["temperature"], span.request["top_p"], span.request["seed"]) == (0.25, 0.5, 7)
+
+
+async def test_first_sight_of_an_episode_reads_its_runs_sampling(bus: Bus) -> None:
+    first = Episode(run=new_id("samp"))
+    await _schedule(bus, first, {"temperature": 1.0})
+    book = EpisodeBook(bus, cache_size=8)  # not following events: only the first-sight lookup
+    assert (await book.calls(first.run, first.episode)).sampling == {"temperature": 1.0}
+    second = Episode(run=first.run)  # no schedule of its own yet: the run's policy is known
+    assert (await book.calls(second.run, second.episode)).sampling == {"temperature": 1.0}
+    stranger = Episode(run=new_id("none"))  # a key minted outside any run: no policy
+    assert (await book.calls(stranger.run, stranger.episode)).sampling == {}

@@ -18,6 +18,9 @@ ApiKind = Literal["chat", "completions", "responses", "messages"]
 SpanStatus = Literal["ok", "aborted", "error"]
 FailureCause = Literal["infra", "agent", "timeout", "reward-error"]
 RunMode = Literal["sync", "async"]
+# Request fields the gateway sets on every call of a run, over the harness's own (e.g.
+# `{"temperature": 1.0}`), so the policy samples as training assumes whatever the harness asks for.
+Sampling = dict[str, bool | int | float | str]
 
 
 class ContractError(ValueError):
@@ -116,6 +119,7 @@ class EpisodeScheduled(EpisodeEventBase, frozen=True, kw_only=True, tag="schedul
 
     launcher: str = "local"
     expected_version: int = 0
+    sampling: Sampling = msgspec.field(default_factory=dict)
 
 
 class EpisodeStarted(EpisodeEventBase, frozen=True, kw_only=True, tag="started"):
@@ -283,6 +287,7 @@ class RunSpec(Message, frozen=True, kw_only=True):
     launcher: LauncherSpec = msgspec.field(default_factory=LauncherSpec)
     reward: str = "auto"
     model: str = ""
+    sampling: Sampling = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Reject values no run could use, naming the field."""

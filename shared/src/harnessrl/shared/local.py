@@ -110,8 +110,8 @@ class LocalStack:
         )
         self.supervisor.start(spec)
 
-    def start_gateway(self, *, sampling: dict[str, object] | None = None) -> None:
-        """The gateway in front of the local vLLM replica."""
+    def start_gateway(self) -> None:
+        """The gateway in front of the local vLLM replica (a run's sampling comes with its episodes)."""
         upstreams = [self.vllm.url] if self.vllm else []
         values: dict[str, object] = {
             "port": self.gateway_port,
@@ -119,7 +119,6 @@ class LocalStack:
             "admin_token": self.admin_token,
             "upstreams": upstreams,
             "served_model": SERVED_MODEL,
-            "sampling": sampling or {},
         }
         self._start("gateway", values, ready_url=f"{self.gateway_url}/healthz")
 

@@ -19,7 +19,7 @@ from harnessrl.controller.outbox import outbox
 from harnessrl.controller.records import EpisodeRecord, episode_id
 from harnessrl.controller.store import EpisodeStore
 from harnessrl.shared.bus import Bus
-from harnessrl.shared.contracts import EpisodeFailed, EpisodeScored, FailureCause, TaskSpec, now
+from harnessrl.shared.contracts import EpisodeFailed, EpisodeScored, FailureCause, Sampling, TaskSpec, now
 from harnessrl.shared.log import get_logger
 
 Relaunch = Callable[[EpisodeRecord], None]
@@ -36,9 +36,11 @@ class EpisodeBook:
         *,
         launcher_kind: str,
         infra_retries: int,
+        sampling: Sampling | None = None,
     ) -> None:
         self._bus, self._store, self.tasks = bus, store, tasks
         self._launcher_kind, self._infra_retries = launcher_kind, infra_retries
+        self._sampling = sampling or {}
         self.records: dict[str, EpisodeRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.on_retry: Relaunch | None = None
@@ -81,7 +83,7 @@ class EpisodeBook:
         return record
 
     async def _publish(self, record: EpisodeRecord) -> None:
-        items = outbox(record, self.task_of(record), self._launcher_kind)
+        items = outbox(record, self.task_of(record), self._launcher_kind, self._sampling)
         if items:
             await self._bus.publish_batch(items)
         done = msgspec.structs.replace(record, published=True)

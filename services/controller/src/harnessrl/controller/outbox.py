@@ -20,6 +20,7 @@ from harnessrl.shared.contracts import (
     EpisodeScheduled,
     EpisodeStarted,
     RolloutComplete,
+    Sampling,
     TaskSpec,
 )
 
@@ -29,8 +30,10 @@ def event_msg_id(record: EpisodeRecord, kind: str) -> str:
     return f"{record.run}:{record.episode}:{kind}"
 
 
-def outbox(record: EpisodeRecord, task: TaskSpec | None, launcher: str) -> list[Outgoing]:
-    """Everything to publish for the record's current phase."""
+def outbox(
+    record: EpisodeRecord, task: TaskSpec | None, launcher: str, sampling: Sampling | None = None
+) -> list[Outgoing]:
+    """Everything to publish for the record's current phase (`sampling`: the run's, for the gateway)."""
     base: dict[str, Any] = {
         "run": record.run,
         "episode": record.episode,
@@ -40,7 +43,11 @@ def outbox(record: EpisodeRecord, task: TaskSpec | None, launcher: str) -> list[
     }
     events: list[EpisodeEventBase] = []
     if record.phase == "scheduled":
-        events.append(EpisodeScheduled(**base, launcher=launcher, expected_version=record.expected_version))
+        events.append(
+            EpisodeScheduled(
+                **base, launcher=launcher, expected_version=record.expected_version, sampling=sampling or {}
+            )
+        )
     elif record.phase == "started":
         events.append(EpisodeStarted(**base, where=record.where))
     elif record.phase == "exited":

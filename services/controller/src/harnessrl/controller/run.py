@@ -51,6 +51,7 @@ class RunDriver:
             {task.task_id: task for task in tasks},
             launcher_kind=launcher.kind,
             infra_retries=self.spec.infra_retries,
+            sampling=self.spec.sampling,
         )
         self.book.on_retry = lambda retry: self.spawn(self.launch(retry))
         self._wake = asyncio.Event()

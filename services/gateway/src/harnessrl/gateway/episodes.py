@@ -2,7 +2,9 @@
 
 Open/closed comes from the EPISODES stream: an episode whose `agent_exited`, `completed` or
 `failed` event was seen refuses further calls. An episode never seen is open while its key
-verifies (keys are signed and expire).
+verifies (keys are signed and expire). A run's sampling policy comes from its episodes'
+`scheduled` events; on first sight of an episode of a run not yet seen, from that episode's own
+`scheduled` event (the controller publishes it before it launches the harness).
 
 Per episode the gateway keeps its next `seq` and its last span's context (prompt + completion
 ids) in an LRU. On first sight of an episode (a new one, or after a restart or eviction) the
@@ -22,6 +24,8 @@ from harnessrl.shared.contracts import (
     ContractError,
     EpisodeCompleted,
     EpisodeFailed,
+    EpisodeScheduled,
+    Sampling,
     Span,
     decode_event,
 )
@@ -35,14 +39,15 @@ CLOSING_EVENTS = (AgentExited, EpisodeCompleted, EpisodeFailed)
 
 
 class EpisodeCalls:
-    """The call state of one episode: next seq and the parent of the next span."""
+    """The call state of one episode: next seq, the parent of the next span, the run's sampling."""
 
-    __slots__ = ("last_context", "last_span", "next_seq")
+    __slots__ = ("last_context", "last_span", "next_seq", "sampling")
 
     def __init__(self) -> None:
         self.next_seq = 0
         self.last_span: str | None = None
         self.last_context: list[int] | None = None
+        self.sampling: Sampling = {}
 
     def take_seq(self) -> int:
         """Reserve the next sequence number (never reused, even if its publish fails)."""
@@ -62,6 +67,7 @@ class EpisodeBook:
         self.bus = bus
         self.cache_size = cache_size
         self.closed: set[tuple[str, str]] = set()
+        self.run_sampling: dict[str, Sampling] = {}
         self._calls: OrderedDict[tuple[str, str], EpisodeCalls] = OrderedDict()
         self._loading: dict[tuple[str, str], asyncio.Future[EpisodeCalls]] = {}
         self._subscription: Subscription | None = None
@@ -78,7 +84,9 @@ class EpisodeBook:
 
     async def _on_event(self, delivery: Delivery) -> None:
         event = decode_event(delivery.data)
-        if isinstance(event, CLOSING_EVENTS):
+        if isinstance(event, EpisodeScheduled):
+            self.run_sampling[event.run] = event.sampling
+        elif isinstance(event, CLOSING_EVENTS):
             self.closed.add((event.run, event.episode))
 
     def is_closed(self, run: str, episode: str) -> bool:
@@ -103,10 +111,21 @@ class EpisodeBook:
     async def _load(self, key: tuple[str, str]) -> EpisodeCalls:
         state = EpisodeCalls()
         await self._rebuild(*key, state)
+        state.sampling = await self._sampling(*key)
         self._calls[key] = state
         if len(self._calls) > self.cache_size:
             self._calls.popitem(last=False)
         return state
+
+    async def _sampling(self, run: str, episode: str) -> Sampling:
+        """The run's sampling policy: known from the events followed, else the episode's schedule."""
+        if run not in self.run_sampling:
+            subject = subjects.episode_event(run, episode, "scheduled")
+            for delivery in await self.bus.replay(subjects.EPISODES.name, subject):
+                event = decode_event(delivery.data)
+                if isinstance(event, EpisodeScheduled):
+                    self.run_sampling[run] = event.sampling
+        return self.run_sampling.get(run, {})
 
     async def _rebuild(self, run: str, episode: str, state: EpisodeCalls) -> None:
         deliveries = await self.bus.replay(subjects.SPANS.name, subjects.span(run, episode))

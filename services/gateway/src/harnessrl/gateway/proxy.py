@@ -141,14 +141,15 @@ class Proxy:
         call.params = request_params(body)
         call.stream = body.get("stream") is True
         asked = api.prepare(body)
-        if self.settings.sampling:
-            body.update(self.settings.sampling)
         gate = self.gateway.gate
         if not await gate.enter():
             raise Unavailable("paused for a weight update", retry_after=5.0)
         self.metrics.in_flight.inc()
         try:
             calls = await self._episode_calls(claims)
+            policy = {**self.settings.sampling, **calls.sampling}  # the run's wins over the default
+            body.update(policy)
+            call.params.update(policy)  # the span records what was sampled with
             if call.stream:
                 return await relay_stream(
                     self.forwarder, api, call, calls,

@@ -26,7 +26,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     upstreams: list[str] = msgspec.field(default_factory=list)
     # The policy's served model name; every request's `model` is set to it ("" keeps the client's).
     served_model: str = ""
-    # Sampling parameters forced on every LLM call (the run's policy, e.g. temperature 1 in training).
+    # Sampling parameters forced on every LLM call; a run's own (`sampling` in its spec) win over them.
     sampling: dict[str, Any] = msgspec.field(default_factory=dict)
     # Bigger request bodies get 413 (agents send long contexts; 16 MiB is far above any window).
     max_body_bytes: int = 16 * 1024 * 1024
