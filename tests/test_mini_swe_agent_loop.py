@@ -41,6 +41,7 @@ from harnessrl.reward.grading import SCORED_OUTCOMES
 from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
+from harnessrl.shared.cache import build_once, cache_root
 from harnessrl.shared.contracts import (
     AgentExited,
     EpisodeScored,
@@ -199,7 +200,7 @@ def warm_start(tiny_model: Path, demos: dict[str, Demo]) -> Path:
 
     The cache key is everything that decides the result: the base model's files, the demonstrations
     (so a change in mini-swe-agent's prompt makes a new policy), the arguments and the warm-start
-    module's source. Like `cached_tiny_model`, a build is renamed into place when complete.
+    module's source.
     """
     from harnessrl.trainer import warmstart
 
@@ -208,10 +209,15 @@ def warm_start(tiny_model: Path, demos: dict[str, Demo]) -> Path:
     digest = hashlib.sha256(lines + " ".join(args).encode() + Path(warmstart.__file__).read_bytes())
     for path in sorted(p for p in tiny_model.iterdir() if p.is_file()):
         digest.update(path.name.encode() + path.read_bytes())
-    root = Path(os.environ.get("HARNESSRL_CACHE", Path.home() / ".cache/harnessrl"))
-    target = root / "mswea-policy" / digest.hexdigest()[:16]
-    if (target / "config.json").exists():
-        return target
+    target = cache_root() / "mswea-policy" / digest.hexdigest()[:16]
+
+    def build(staging: Path) -> None:
+        (staging / "demos.jsonl").write_bytes(lines)
+        warm = [sys.executable, "-m", "harnessrl.trainer.warmstart", "--model", str(tiny_model),
+                "--demos", str(staging / "demos.jsonl"), "--out", str(staging), *args]  # fmt: skip
+        subprocess.run(warm, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    return build_once(target, build, done="config.json")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:

@@ -15,6 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from harnessrl.shared.cache import cache_root
+
 LITELLM_VERSION = "1.108.7"
 MASTER_KEY = "sk-harnessrl-bench"
 _COMPROMISED = frozenset({"1.82.7", "1.82.8"})
@@ -24,7 +26,7 @@ def litellm_venv(cache: Path | None = None) -> Path:
     """The venv with LiteLLM's proxy, built once per machine."""
     if LITELLM_VERSION in _COMPROMISED:
         raise RuntimeError(f"litellm {LITELLM_VERSION} is a compromised release")
-    root = (cache or Path.home() / ".cache" / "harnessrl") / f"bench-litellm-{LITELLM_VERSION}"
+    root = (cache or cache_root()) / f"bench-litellm-{LITELLM_VERSION}"
     if (root / ".complete").exists():
         return root
     building = root.with_name(root.name + ".tmp")

@@ -14,9 +14,6 @@ machine-wide cache on that, so concurrent test sessions build it once.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from harnessrl.shared import cache
 from harnessrl.shared.testing import tiny_corpus
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -166,21 +164,6 @@ def cached_tiny_model(cache_root: Path | None = None, *, seed: int = 0) -> Path:
     """Return the default tiny model, building it once per machine under `cache_root`.
 
     The directory name carries `generator_digest`, so editing the generator makes a new model.
-    A build goes to a temporary sibling first and is renamed into place, so concurrent callers
-    never see a half-written model (the loser of a race discards its copy).
     """
-    root = cache_root or Path(os.environ.get("HARNESSRL_CACHE", Path.home() / ".cache/harnessrl"))
-    target = root / "tiny-model" / generator_digest(seed)
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-    try:
-        build_tiny_model(staging, seed=seed)
-        staging.rename(target)
-    except OSError:
-        if not (target / "config.json").exists():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    target = (cache_root or cache.cache_root()) / "tiny-model" / generator_digest(seed)
+    return cache.build_once(target, lambda staging: build_tiny_model(staging, seed=seed), done="config.json")

@@ -7,10 +7,8 @@ sessions build it once; `build_tinyswe(out)` copies that into `out`.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import random
 import shutil
 import sys
@@ -29,6 +27,7 @@ from harnessrl.reward.tinyswe.library import Library, load_libraries, scaffold
 from harnessrl.reward.tinyswe.mutation import mutations
 from harnessrl.reward.tinyswe.repos import Snapshot, write_repository
 from harnessrl.reward.tinyswe.validate import Verdict, validate
+from harnessrl.shared.cache import build_once, cache_root
 from harnessrl.shared.log import get_logger
 
 MUTANTS_PER_LIBRARY = 12
@@ -45,11 +44,6 @@ def source_hash() -> str:
             digest.update(path.relative_to(package).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
-
-
-def cache_root() -> Path:
-    """Where built task sets are cached on this machine."""
-    return Path(os.environ.get("HARNESSRL_CACHE", Path.home() / ".cache" / "harnessrl"))
 
 
 def _hand_candidates(library: Library) -> list[Candidate]:
@@ -169,19 +163,9 @@ def generate(out: Path, *, python: str, workers: int = 2, per_library: int = MUT
 def ensure_tinyswe(python: str | None = None) -> Path:
     """The cached task set for this generator source, built first if missing."""
     target = cache_root() / f"tinyswe-{source_hash()}"
-    if (target / INSTANCES_FILE).is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with (target.parent / f"{target.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / INSTANCES_FILE).is_file():
-            return target
-        staging = target.parent / f"{target.name}.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        generate(staging, python=python or sys.executable)
-        staging.rename(target)
-    return target
+    return build_once(
+        target, lambda staging: generate(staging, python=python or sys.executable), done=INSTANCES_FILE
+    )
 
 
 def build_tinyswe(out: Path, python: str | None = None) -> Path:
