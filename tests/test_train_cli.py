@@ -259,6 +259,16 @@ def test_train_with_nats_url_only_submits_and_follows(tmp_path: Path, tiny_model
         versions = [decode(raw, WeightVersion).version for raw in recorded["weights"]]
         assert versions == list(range(1, steps + 1))
         assert (deployment / "runs" / "remote" / "checkpoints" / "remote" / "latest").exists()
+        # Asking for more steps than the deployment's trainer makes ends at its last step, with an error.
+        (tmp_path / "longer").mkdir()
+        longer = multiply_spec(tmp_path / "longer", "remote", steps + 3, model=f'"{tiny_model}"')
+        again = subprocess.run(
+            [CLI, "train", str(longer), "--nats-url", nats_url, "--home", str(home)],
+            check=False, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        said = " ".join(again.stderr.split())
+        assert again.returncode == 1 and "Traceback" not in said, again.stderr[-3000:]
+        assert f"stopped at step {steps} (its own max_steps), short of this spec's {steps + 3}" in said
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=90)

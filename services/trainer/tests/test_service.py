@@ -117,3 +117,26 @@ async def test_async_mode_drops_rollouts_beyond_the_staleness_bound(
 
 async def _settled(trainer, episodes):
     return all(r.episode in trainer.settled for _, r in episodes)
+
+
+async def test_the_last_step_says_it_is_the_last(
+    bus: Bus, policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+):
+    run = new_id("run")
+    rng = random.Random(2)
+    settings = TrainerSettings(
+        run=run, model_dir=str(tiny_model), checkpoint_dir=str(tmp_path), batch_groups=1,
+        mode="async", staleness=2, ack_recheck_s=0.2, max_steps=2,
+    )  # fmt: skip
+    trainer = Trainer(settings, engine=policy_engine)
+    service = TrainerService(bus, trainer, ReplicaSync([], settings.probe_token_ids), MetricsSink(run))
+    await service.start()
+    try:
+        for name in ("g1", "g2", "g3"):
+            await publish_group(bus, record_group(run, name, rng))
+        await asyncio.wait_for(service.wait(), 120)  # the loop ends at max_steps
+    finally:
+        await service.stop()
+    published = await bus.replay(subjects.METRICS.name, subjects.metrics(run, "trainer"))
+    steps = [(m.step, m.final) for m in (item.decode(StepMetrics) for item in published)]
+    assert steps == [(1, False), (2, True)]  # followers stop at the trainer's last step

@@ -104,6 +104,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         sys.stdout.write(
             json.dumps({"run": spec.run, "steps": progress.step, "version": progress.version}) + "\n"
         )
+        if progress.step < spec.max_steps:
+            console.print(
+                f"[red]error:[/] the trainer of run {spec.run} stopped at step {progress.step} (its own "
+                f"max_steps), short of this spec's {spec.max_steps}: raise the deployment trainer's max_steps"
+            )
+            return 1
         return 0
     except KeyboardInterrupt:
         console.print("stopped; run the same command again to resume")

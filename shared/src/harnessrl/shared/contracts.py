@@ -228,6 +228,8 @@ class StepMetrics(Message, frozen=True, kw_only=True):
     values: dict[str, float]
     staleness: dict[str, int] = msgspec.field(default_factory=dict)
     dropped: dict[str, int] = msgspec.field(default_factory=dict)
+    # The trainer's last step (its `max_steps`): it trains this run no further.
+    final: bool = False
     at: float = msgspec.field(default_factory=now)
 
 

@@ -36,7 +36,14 @@ class RunProgress(msgspec.Struct, kw_only=True):
     episodes: Counter[str] = msgspec.field(default_factory=Counter)
     steps: list[StepMetrics] = msgspec.field(default_factory=list)
     heldout: list[HeldoutPoint] = msgspec.field(default_factory=list)
+    # The step after which the run's trainer stops (its own `max_steps`), once it announced it.
+    final_step: int | None = None
     started_at: float = msgspec.field(default_factory=time.monotonic)
+
+    def trained(self) -> bool:
+        """Whether training is over: `max_steps` reached, or the trainer's own last step."""
+        last = min(self.max_steps, self.final_step) if self.final_step is not None else self.max_steps
+        return self.step >= last and self.version >= last
 
     @property
     def step(self) -> int:
@@ -78,6 +85,11 @@ class RunFollower:
 
     async def _on_metrics(self, delivery: Delivery) -> None:
         metrics = delivery.decode(StepMetrics)
+        if metrics.final:
+            self.progress.final_step = metrics.step
+        elif self.progress.final_step is not None and metrics.step > self.progress.final_step:
+            # a trainer restarted with a higher max_steps trains on
+            self.progress.final_step = None
         steps = [m for m in self.progress.steps if m.step != metrics.step] + [metrics]
         self.progress.steps = sorted(steps, key=lambda m: m.step)
 

@@ -184,7 +184,7 @@ class TrainSession:
     async def _watch(self, on_version: VersionHook | None, live: bool) -> None:
         seen_version = self.progress.version
         with Live(render(self.progress), console=console, refresh_per_second=2, transient=not live) as view:
-            while self.progress.step < self.spec.max_steps or self.progress.version < self.spec.max_steps:
+            while not self.progress.trained():
                 if self.local:
                     await asyncio.to_thread(self.stack.check)
                 if on_version is not None and self.progress.version > seen_version:

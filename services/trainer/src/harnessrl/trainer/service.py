@@ -170,6 +170,7 @@ class TrainerService:
             values=values,
             staleness=result.metrics.staleness,
             dropped=result.metrics.dropped,
+            final=self._done(),
         )
         self.last_metrics = metrics
         self.sink.write(metrics)
@@ -191,7 +192,9 @@ class TrainerService:
             return
         values = {"step/recovered": 1.0}  # the step's own values died with the process
         await self._send_metrics(
-            StepMetrics(run=state.run, step=state.step, version=state.version, values=values)
+            StepMetrics(
+                run=state.run, step=state.step, version=state.version, values=values, final=self._done()
+            )
         )
         log.warning("trainer.metrics_recovered", run=state.run, step=state.step)
 
