@@ -250,6 +250,7 @@ def test_train_with_nats_url_only_submits_and_follows(tmp_path: Path, tiny_model
         assert (run_dir / "progress.png").stat().st_size > 10_000
         assert json.loads((run_dir / "summary.json").read_text())["run"] == "remote"
         assert not (home / "nats").exists() and not list(home.glob("logs/*"))  # no local services
+        assert not list(home.glob("*.secret"))  # nor their secrets
         # What happened, read from the deployment's bus: the run's episodes, rollouts and versions.
         recorded = asyncio.run(bus_record(nats_url, "remote"))
         kinds = Counter(event_kind(decode_event(raw)) for raw in recorded["events"])

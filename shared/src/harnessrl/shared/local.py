@@ -7,6 +7,7 @@ the episode-key secret is generated once per state folder and never leaves this 
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import sys
@@ -53,8 +54,16 @@ class LocalStack:
         self.nats: NatsServer | None = None
         self.vllm: VllmServer | None = None
         self.gateway_port = self.ports.gateway or free_port()
-        self.key_secret = secret_file(self.home, "episode-key")
-        self.admin_token = secret_file(self.home, "gateway-admin")
+
+    @functools.cached_property
+    def key_secret(self) -> str:
+        """Signs episode keys (created when the local services first need it)."""
+        return secret_file(self.home, "episode-key")
+
+    @functools.cached_property
+    def admin_token(self) -> str:
+        """The local gateway's admin token."""
+        return secret_file(self.home, "gateway-admin")
 
     @property
     def nats_url(self) -> str:
