@@ -298,3 +298,19 @@ async def test_publish_budget_bounds_the_retries(nats_server: NatsServer) -> Non
         assert ack.seq > 0 and not ack.duplicate
     finally:
         await bus.close()
+
+
+async def test_replay_leaves_no_consumer_behind(nats_server: NatsServer) -> None:
+    bus = NatsBus(nats_server.url)
+    await bus.connect()
+    name = new_id("REPLAY").replace("-", "_")
+    stream = StreamSpec(name=name, subjects=[f"{name}.>"])
+    await bus.ensure_streams([stream])
+    try:
+        await bus.publish(f"{name}.a", weight("r", 1), msg_id="m-1")
+        for _ in range(5):  # the gateway replays for every new episode, the trainer for every rollout
+            assert len(await bus.replay(name, f"{name}.a")) == 1
+        assert (await bus.js.stream_info(name)).state.consumer_count == 0
+    finally:
+        await bus.js.delete_stream(name)
+        await bus.close()

@@ -309,3 +309,14 @@ async def test_first_sight_of_an_episode_reads_its_runs_sampling(bus: Bus) -> No
     assert (await book.calls(second.run, second.episode)).sampling == {"temperature": 1.0}
     stranger = Episode(run=new_id("none"))  # a key minted outside any run: no policy
     assert (await book.calls(stranger.run, stranger.episode)).sampling == {}
+    # Remembered as "none" only until a schedule of that run is seen.
+    following = EpisodeBook(bus, cache_size=8)
+    await following.start()
+    try:
+        assert (await following.calls(stranger.run, stranger.episode)).sampling == {}
+        await _schedule(bus, Episode(run=stranger.run), {"temperature": 0.3})
+        await _eventually(lambda: following.run_sampling[stranger.run] == {"temperature": 0.3}, "schedule")
+        later = Episode(run=stranger.run)
+        assert (await following.calls(later.run, later.episode)).sampling == {"temperature": 0.3}
+    finally:
+        await following.stop()

@@ -118,14 +118,19 @@ class EpisodeBook:
         return state
 
     async def _sampling(self, run: str, episode: str) -> Sampling:
-        """The run's sampling policy: known from the events followed, else the episode's schedule."""
+        """The run's sampling policy: known from the events followed, else the episode's schedule.
+
+        A run none of whose episodes was scheduled (keys minted outside the controller) has none;
+        that is remembered until a schedule of the run says otherwise.
+        """
         if run not in self.run_sampling:
             subject = subjects.episode_event(run, episode, "scheduled")
             for delivery in await self.bus.replay(subjects.EPISODES.name, subject):
                 event = decode_event(delivery.data)
                 if isinstance(event, EpisodeScheduled):
                     self.run_sampling[run] = event.sampling
-        return self.run_sampling.get(run, {})
+            self.run_sampling.setdefault(run, {})
+        return self.run_sampling[run]
 
     async def _rebuild(self, run: str, episode: str, state: EpisodeCalls) -> None:
         deliveries = await self.bus.replay(subjects.SPANS.name, subjects.span(run, episode))

@@ -164,6 +164,7 @@ class Proxy:
         try:
             return await self.gateway.episodes.calls(claims.run, claims.episode)
         except Exception as exc:
+            log.warning("episode.state_unavailable", run=claims.run, episode=claims.episode, error=str(exc))
             raise Unavailable("the span store is unavailable", retry_after=2.0) from exc
 
     async def _complete(

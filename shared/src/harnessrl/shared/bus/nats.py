@@ -217,8 +217,10 @@ class NatsBus(Bus):
             filter_subject=filter_subject,
         )
         psub = await self.js.pull_subscribe(filter_subject, stream=stream, config=config)
+        name = ""
         try:
-            pending = (await psub.consumer_info()).num_pending or 0
+            info = await psub.consumer_info()
+            name, pending = info.name, info.num_pending or 0
             out: list[Delivery] = []
             while len(out) < pending:
                 msgs = await psub.fetch(min(pending - len(out), 512), timeout=5)
@@ -227,6 +229,12 @@ class NatsBus(Bus):
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await psub.unsubscribe()
+            # Gone now, not `inactive_threshold` later: replays come by the hundred per second
+            # (every new episode the gateway sees, every rollout the trainer reads), and the
+            # server refuses new consumers once about a thousand linger.
+            if name:
+                with contextlib.suppress(nats.errors.Error):
+                    await self.js.delete_consumer(stream, name)
 
     async def dead_letter(self, msg: Msg, reason: str) -> None:
         """Copy a message that will never be handled to its dead-letter subject."""
