@@ -11,6 +11,11 @@ import structlog
 _configured = False
 
 
+# HTTP clients that log every request at info level (the demo's held-out evaluation alone makes
+# thousands); their warnings and errors still show.
+_PER_REQUEST_LOGGERS = ("httpx", "httpx2", "httpcore", "openai", "anthropic")
+
+
 def configure_logging(
     style: Literal["json", "console"] = "json", level: str = "INFO", *, force: bool = False
 ) -> None:
@@ -36,6 +41,11 @@ def configure_logging(
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(name)s %(message)s")
+    threshold = logging.getLevelName(level.upper())
+    for name in _PER_REQUEST_LOGGERS:  # shown when debugging
+        logging.getLogger(name).setLevel(
+            threshold if threshold <= logging.DEBUG else max(threshold, logging.WARNING)
+        )
     _configured = True
 
 
