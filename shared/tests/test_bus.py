@@ -310,6 +310,8 @@ async def test_replay_leaves_no_consumer_behind(nats_server: NatsServer) -> None
         await bus.publish(f"{name}.a", weight("r", 1), msg_id="m-1")
         for _ in range(5):  # the gateway replays for every new episode, the trainer for every rollout
             assert len(await bus.replay(name, f"{name}.a")) == 1
+        assert await bus.replay(name, f"{name}.b") == []  # nothing stored: answered without a consumer
+        assert [d.subject for d in await bus.replay(name, f"{name}.>")] == [f"{name}.a"]
         assert (await bus.js.stream_info(name)).state.consumer_count == 0
     finally:
         await bus.js.delete_stream(name)

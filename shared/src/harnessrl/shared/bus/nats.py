@@ -209,7 +209,13 @@ class NatsBus(Bus):
         return sub
 
     async def replay(self, stream: str, filter_subject: str) -> list[Delivery]:
-        """Read every stored message under a filter with a throwaway no-ack consumer."""
+        """Read every stored message under a filter with a throwaway no-ack consumer.
+
+        An exact subject with nothing stored (a new episode's spans: the gateway's first sight of
+        every episode) costs one request and no consumer.
+        """
+        if not _has_wildcard(filter_subject) and not await self._stored(stream, filter_subject):
+            return []
         config = api.ConsumerConfig(
             ack_policy=api.AckPolicy.NONE,
             deliver_policy=api.DeliverPolicy.ALL,
@@ -235,6 +241,14 @@ class NatsBus(Bus):
             if name:
                 with contextlib.suppress(nats.errors.Error):
                     await self.js.delete_consumer(stream, name)
+
+    async def _stored(self, stream: str, subject: str) -> bool:
+        """Whether `stream` holds any message on the exact `subject`."""
+        try:
+            await self.js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
 
     async def dead_letter(self, msg: Msg, reason: str) -> None:
         """Copy a message that will never be handled to its dead-letter subject."""
@@ -475,6 +489,10 @@ class _NatsKeyValue(KeyValue):
             return list(await self._kv.keys())
         except nats.js.errors.NoKeysError:
             return []
+
+
+def _has_wildcard(subject: str) -> bool:
+    return any(token in ("*", ">") for token in subject.split("."))
 
 
 def _delivery(msg: Msg) -> Delivery:
