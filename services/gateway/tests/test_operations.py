@@ -320,3 +320,23 @@ async def test_first_sight_of_an_episode_reads_its_runs_sampling(bus: Bus) -> No
         assert (await following.calls(later.run, later.episode)).sampling == {"temperature": 0.3}
     finally:
         await following.stop()
+
+
+@pytest.mark.parametrize(("keepalive_s", "second_status"), [(0.3, 200), (5.0, 502)])
+async def test_no_call_goes_out_on_a_connection_the_replica_is_closing(
+    bus: Bus, keepalive_s: float, second_status: int
+) -> None:
+    """vLLM closes connections idle for 5 s; the gateway must stop reusing them before that."""
+    upstream = CannedUpstream(idle_close_s=0.6)
+    await upstream.start()
+    episode = Episode()
+    try:
+        settings = settings_for([upstream.url], upstream_keepalive_s=keepalive_s)
+        async with serve_gateway(settings, bus) as gateway:
+            url = gateway.url + "/v1/chat/completions"
+            assert (await _request("POST", url, key=episode.key, json=CHAT))[0] == 200
+            await asyncio.sleep(0.9)  # idle past the replica's keep-alive
+            assert (await _request("POST", url, key=episode.key, json=CHAT))[0] == second_status
+        assert upstream.dropped == (second_status != 200)
+    finally:
+        await upstream.stop()

@@ -51,6 +51,10 @@ DEFAULT_ENV: Mapping[str, str] = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
 }
+# vLLM's API server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE). Its clients
+# reuse an idle connection for at most this long: never one the server is closing as the call goes
+# out (which fails the call though nothing is wrong with the replica).
+CLIENT_KEEPALIVE_S = 4.0
 _log = get_logger(__name__)
 
 

@@ -11,6 +11,7 @@ Written on asyncio + httptools to stay far faster than the proxy it is measured 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -117,10 +118,15 @@ class CannedUpstream:
         event_delay_s: float = 0.0,
         script: Script | None = None,
         fixed: bool = False,
+        idle_close_s: float = 0.0,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
         self.delay_s = delay_s
+        # > 0: a request arriving on a connection idle longer than this is dropped unanswered, as
+        # when a server's keep-alive timer closes the connection just as the request comes in.
+        self.idle_close_s = idle_close_s
+        self.dropped = 0
         self.event_delay_s = event_delay_s
         self.script = script
         self.fixed = fixed
@@ -200,6 +206,7 @@ class _Connection(asyncio.Protocol):
         self.url = b""
         self.body: list[bytes] = []
         self.pending: asyncio.Future[None] | None = None
+        self.idle_since = time.monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -211,6 +218,11 @@ class _Connection(asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
+        idle_close_s = self.server.idle_close_s
+        if idle_close_s and self.transport and time.monotonic() - self.idle_since > idle_close_s:
+            self.server.dropped += 1
+            self.transport.close()
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -230,8 +242,7 @@ class _Connection(asyncio.Protocol):
         self.url, self.body = b"", []
         answer = self.server.answer(method, path, body)
         if isinstance(answer, bytes) and not self.server.delay_s and self.pending is None:
-            if self.transport is not None:
-                self.transport.write(answer)
+            self._write(answer)
             return
         previous = self.pending
         self.pending = asyncio.ensure_future(self._deliver(previous, answer))
@@ -266,6 +277,7 @@ class _Connection(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         if self.transport is not None:
             self.transport.write(data)
+            self.idle_since = time.monotonic()
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ class Gateway:
             connect_timeout_s=settings.connect_timeout_s,
             unhealthy_after=settings.unhealthy_after_failures,
             health_interval_s=settings.health_interval_s,
+            keepalive_s=settings.upstream_keepalive_s,
         )
         self.recorder = SpanRecorder(bus, self.metrics, timeout_s=settings.span_publish_timeout_s)
         self._registrations: Subscription | None = None

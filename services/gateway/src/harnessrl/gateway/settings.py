@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from harnessrl.shared.settings import SettingsError, load_settings
+from harnessrl.shared.vllm import CLIENT_KEEPALIVE_S
 
 ENV_PREFIX = "HRL_GATEWAY_"
 
@@ -34,6 +35,10 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     # At most this many calls in flight per replica; more wait for a slot (vLLM batches them anyway).
     max_in_flight_per_upstream: int = 512
     connect_timeout_s: float = 5.0
+    # An idle connection to a replica is not reused after this long; below the replica's own
+    # keep-alive, else a call can go out on a connection the replica is closing, fail (502) and,
+    # three at once, take the replica off the ring (seen in `make demo`).
+    upstream_keepalive_s: float = CLIENT_KEEPALIVE_S
     # A sampling call can legitimately run for minutes; this bounds a stuck upstream.
     read_timeout_s: float = 600.0
     # A replica that fails this many calls in a row leaves the ring until a health check passes.

@@ -73,8 +73,10 @@ class UpstreamPool:
         connect_timeout_s: float,
         unhealthy_after: int,
         health_interval_s: float,
+        keepalive_s: float,
     ) -> None:
         self.max_in_flight = max_in_flight
+        self.keepalive_s = keepalive_s
         self.unhealthy_after = unhealthy_after
         self.health_interval_s = health_interval_s
         self.connect_timeout_s = connect_timeout_s
@@ -88,7 +90,7 @@ class UpstreamPool:
     def session(self) -> aiohttp.ClientSession:
         """The shared client session (one connector, keep-alive to every replica)."""
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=self.keepalive_s)
             self._session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
             )

@@ -19,6 +19,7 @@ import aiohttp
 import msgspec
 
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.vllm import CLIENT_KEEPALIVE_S
 
 PauseMode = Literal["abort", "wait", "keep"]
 _log = get_logger(__name__)
@@ -70,7 +71,8 @@ class VllmReplica:
         self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
     ) -> Any:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            connector = aiohttp.TCPConnector(keepalive_timeout=CLIENT_KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         url = f"{self.base_url}{path}"
         async with self._session.request(method, url, json=json, params=params) as response:
             body = await response.text()
