@@ -304,20 +304,25 @@ async def test_first_sight_of_an_episode_reads_its_runs_sampling(bus: Bus) -> No
     first = Episode(run=new_id("samp"))
     await _schedule(bus, first, {"temperature": 1.0})
     book = EpisodeBook(bus, cache_size=8)  # not following events: only the first-sight lookup
-    assert (await book.calls(first.run, first.episode)).sampling == {"temperature": 1.0}
+    await book.calls(first.run, first.episode)
+    assert book.sampling(first.run) == {"temperature": 1.0}
     second = Episode(run=first.run)  # no schedule of its own yet: the run's policy is known
-    assert (await book.calls(second.run, second.episode)).sampling == {"temperature": 1.0}
+    await book.calls(second.run, second.episode)
+    assert book.sampling(second.run) == {"temperature": 1.0}
     stranger = Episode(run=new_id("none"))  # a key minted outside any run: no policy
-    assert (await book.calls(stranger.run, stranger.episode)).sampling == {}
+    await book.calls(stranger.run, stranger.episode)
+    assert book.sampling(stranger.run) == {}
     # Remembered as "none" only until a schedule of that run is seen.
     following = EpisodeBook(bus, cache_size=8)
     await following.start()
     try:
-        assert (await following.calls(stranger.run, stranger.episode)).sampling == {}
+        await following.calls(stranger.run, stranger.episode)
+        assert following.sampling(stranger.run) == {}
         await _schedule(bus, Episode(run=stranger.run), {"temperature": 0.3})
-        await _eventually(lambda: following.run_sampling[stranger.run] == {"temperature": 0.3}, "schedule")
+        await _eventually(lambda: following.sampling(stranger.run) == {"temperature": 0.3}, "schedule")
         later = Episode(run=stranger.run)
-        assert (await following.calls(later.run, later.episode)).sampling == {"temperature": 0.3}
+        await following.calls(later.run, later.episode)
+        assert following.sampling(later.run) == {"temperature": 0.3}
     finally:
         await following.stop()
 

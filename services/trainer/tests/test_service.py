@@ -33,19 +33,31 @@ async def wait_for(predicate, timeout=60.0):
         await asyncio.sleep(0.2)
 
 
+def trainer_service(
+    bus: Bus, engine: PolicyEngine, tiny_model: Path, tmp_path: Path, *, tensorboard: bool = False, **settings
+) -> TrainerService:
+    """An async-mode trainer service for a fresh run, checkpointing under `tmp_path`."""
+    run = new_id("run")
+    trainer = Trainer(
+        TrainerSettings(
+            run=run, model_dir=str(tiny_model), checkpoint_dir=str(tmp_path), mode="async",
+            ack_recheck_s=0.2, **settings,
+        ),
+        engine=engine,
+    )  # fmt: skip
+    sink = MetricsSink(run, str(tmp_path / "tb") if tensorboard else "")
+    return TrainerService(bus, trainer, ReplicaSync([], trainer.settings.probe_token_ids), sink)
+
+
 async def test_service_trains_whole_groups_settles_and_publishes(
     bus: Bus, policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
 ):
-    run = new_id("run")
     rng = random.Random(1)
-    settings = TrainerSettings(
-        run=run, model_dir=str(tiny_model), checkpoint_dir=str(tmp_path), batch_groups=2,
-        mode="async", staleness=1, ack_recheck_s=0.2,
+    service = trainer_service(
+        bus, policy_engine, tiny_model, tmp_path, tensorboard=True, batch_groups=2, staleness=1,
         pool=PoolSettings(span_wait_s=1.0, group_wait_s=600.0),
     )  # fmt: skip
-    trainer = Trainer(settings, engine=policy_engine)
-    sink = MetricsSink(run, str(tmp_path / "tb"))
-    service = TrainerService(bus, trainer, ReplicaSync([], settings.probe_token_ids), sink)
+    trainer, run = service.trainer, service.settings.run
     await service.start()
     try:
         first, second = record_group(run, "g1", rng), record_group(run, "g2", rng)
@@ -90,14 +102,9 @@ async def _has_versions(bus, run, count):
 async def test_async_mode_drops_rollouts_beyond_the_staleness_bound(
     bus: Bus, policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
 ):
-    run = new_id("run")
     rng = random.Random(2)
-    settings = TrainerSettings(
-        run=run, model_dir=str(tiny_model), checkpoint_dir=str(tmp_path), batch_groups=1,
-        mode="async", staleness=1, ack_recheck_s=0.2,
-    )  # fmt: skip
-    trainer = Trainer(settings, engine=policy_engine)
-    service = TrainerService(bus, trainer, ReplicaSync([], settings.probe_token_ids))
+    service = trainer_service(bus, policy_engine, tiny_model, tmp_path, batch_groups=1, staleness=1)
+    trainer, run = service.trainer, service.settings.run
     await service.start()
     try:
         await publish_group(bus, record_group(run, "g1", rng))
@@ -122,14 +129,11 @@ async def _settled(trainer, episodes):
 async def test_the_last_step_says_it_is_the_last(
     bus: Bus, policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
 ):
-    run = new_id("run")
     rng = random.Random(2)
-    settings = TrainerSettings(
-        run=run, model_dir=str(tiny_model), checkpoint_dir=str(tmp_path), batch_groups=1,
-        mode="async", staleness=2, ack_recheck_s=0.2, max_steps=2,
-    )  # fmt: skip
-    trainer = Trainer(settings, engine=policy_engine)
-    service = TrainerService(bus, trainer, ReplicaSync([], settings.probe_token_ids), MetricsSink(run))
+    service = trainer_service(
+        bus, policy_engine, tiny_model, tmp_path, batch_groups=1, staleness=2, max_steps=2
+    )
+    run = service.settings.run
     await service.start()
     try:
         for name in ("g1", "g2", "g3"):

@@ -30,9 +30,7 @@ def event_msg_id(record: EpisodeRecord, kind: str) -> str:
     return f"{record.run}:{record.episode}:{kind}"
 
 
-def outbox(
-    record: EpisodeRecord, task: TaskSpec | None, launcher: str, sampling: Sampling | None = None
-) -> list[Outgoing]:
+def outbox(record: EpisodeRecord, task: TaskSpec | None, launcher: str, sampling: Sampling) -> list[Outgoing]:
     """Everything to publish for the record's current phase (`sampling`: the run's, for the gateway)."""
     base: dict[str, Any] = {
         "run": record.run,
@@ -45,7 +43,7 @@ def outbox(
     if record.phase == "scheduled":
         events.append(
             EpisodeScheduled(
-                **base, launcher=launcher, expected_version=record.expected_version, sampling=sampling or {}
+                **base, launcher=launcher, expected_version=record.expected_version, sampling=sampling
             )
         )
     elif record.phase == "started":

@@ -39,15 +39,14 @@ CLOSING_EVENTS = (AgentExited, EpisodeCompleted, EpisodeFailed)
 
 
 class EpisodeCalls:
-    """The call state of one episode: next seq, the parent of the next span, the run's sampling."""
+    """The call state of one episode: next seq and the parent of the next span."""
 
-    __slots__ = ("last_context", "last_span", "next_seq", "sampling")
+    __slots__ = ("last_context", "last_span", "next_seq")
 
     def __init__(self) -> None:
         self.next_seq = 0
         self.last_span: str | None = None
         self.last_context: list[int] | None = None
-        self.sampling: Sampling = {}
 
     def take_seq(self) -> int:
         """Reserve the next sequence number (never reused, even if its publish fails)."""
@@ -111,26 +110,30 @@ class EpisodeBook:
     async def _load(self, key: tuple[str, str]) -> EpisodeCalls:
         state = EpisodeCalls()
         await self._rebuild(*key, state)
-        state.sampling = await self._sampling(*key)
+        await self._learn_sampling(*key)
         self._calls[key] = state
         if len(self._calls) > self.cache_size:
             self._calls.popitem(last=False)
         return state
 
-    async def _sampling(self, run: str, episode: str) -> Sampling:
-        """The run's sampling policy: known from the events followed, else the episode's schedule.
+    def sampling(self, run: str) -> Sampling:
+        """The run's sampling policy (known once one of its episodes was loaded by `calls`)."""
+        return self.run_sampling.get(run, {})
+
+    async def _learn_sampling(self, run: str, episode: str) -> None:
+        """A run not seen in the events followed: its policy from this episode's schedule.
 
         A run none of whose episodes was scheduled (keys minted outside the controller) has none;
         that is remembered until a schedule of the run says otherwise.
         """
-        if run not in self.run_sampling:
-            subject = subjects.episode_event(run, episode, "scheduled")
-            for delivery in await self.bus.replay(subjects.EPISODES.name, subject):
-                event = decode_event(delivery.data)
-                if isinstance(event, EpisodeScheduled):
-                    self.run_sampling[run] = event.sampling
-            self.run_sampling.setdefault(run, {})
-        return self.run_sampling[run]
+        if run in self.run_sampling:
+            return
+        subject = subjects.episode_event(run, episode, "scheduled")
+        for delivery in await self.bus.replay(subjects.EPISODES.name, subject):
+            event = decode_event(delivery.data)
+            if isinstance(event, EpisodeScheduled):
+                self.run_sampling[run] = event.sampling
+        self.run_sampling.setdefault(run, {})
 
     async def _rebuild(self, run: str, episode: str, state: EpisodeCalls) -> None:
         deliveries = await self.bus.replay(subjects.SPANS.name, subjects.span(run, episode))

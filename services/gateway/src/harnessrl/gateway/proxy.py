@@ -147,7 +147,8 @@ class Proxy:
         self.metrics.in_flight.inc()
         try:
             calls = await self._episode_calls(claims)
-            policy = {**self.settings.sampling, **calls.sampling}  # the run's wins over the default
+            # The run's sampling policy wins over the gateway's default, both over the client's.
+            policy = {**self.settings.sampling, **self.gateway.episodes.sampling(claims.run)}
             body.update(policy)
             call.params.update(policy)  # the span records what was sampled with
             if call.stream:

@@ -171,18 +171,16 @@ class NatsBus(Bus):
     async def _publish_raw(
         self, subject: str, payload: bytes, msg_id: str, budget_s: float | None = None
     ) -> PubAck:
-        deadline = time.monotonic() + (self.publish_retry_s if budget_s is None else budget_s)
-        delay = 0.05
-        while True:
-            attempt_s = max(min(self.publish_timeout_s, deadline - time.monotonic()), 0.01)
-            try:
-                ack = await self.js.publish(subject, payload, timeout=attempt_s, headers={MSG_ID: msg_id})
-                return PubAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
-            except _RETRYABLE as exc:
-                if time.monotonic() + delay > deadline:
-                    raise PublishError(f"publish to {subject} not acknowledged: {exc!r}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        async def attempt(left_s: float) -> PubAck:
+            timeout = max(min(self.publish_timeout_s, left_s), 0.01)
+            ack = await self.js.publish(subject, payload, timeout=timeout, headers={MSG_ID: msg_id})
+            return PubAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
+
+        return await _retrying(
+            self.publish_retry_s if budget_s is None else budget_s,
+            attempt,
+            lambda exc: PublishError(f"publish to {subject} not acknowledged: {exc!r}"),
+        )
 
     async def publish_batch(self, items: Sequence[Outgoing]) -> list[PubAck]:
         """Pipeline publishes (publish_async) and await every ack; stragglers retry one by one."""
@@ -413,16 +411,11 @@ class _NatsKeyValue(KeyValue):
         self._retry_s = retry_s
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        deadline = time.monotonic() + self._retry_s
-        delay = 0.05
-        while True:
-            try:
-                return await call()
-            except _RETRYABLE as exc:
-                if time.monotonic() + delay > deadline:
-                    raise BusError(f"KV {what} not answered in {self._retry_s:g} s: {exc!r}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        return await _retrying(
+            self._retry_s,
+            lambda _: call(),
+            lambda exc: BusError(f"KV {what} not answered in {self._retry_s:g} s: {exc!r}"),
+        )
 
     async def get(self, key: str) -> KvEntry | None:
         return await self._retrying(f"get {key}", lambda: self._get(key))
@@ -489,6 +482,25 @@ class _NatsKeyValue(KeyValue):
             return list(await self._kv.keys())
         except nats.js.errors.NoKeysError:
             return []
+
+
+async def _retrying(
+    budget_s: float, call: Callable[[float], Awaitable[T]], failed: Callable[[Exception], BusError]
+) -> T:
+    """`call(seconds left)` until it answers, retrying lost or late replies within `budget_s`.
+
+    Retries back off from 50 ms to 1 s; once the budget is spent, `failed(last error)` is raised.
+    """
+    deadline = time.monotonic() + budget_s
+    delay = 0.05
+    while True:
+        try:
+            return await call(deadline - time.monotonic())
+        except _RETRYABLE as exc:
+            if time.monotonic() + delay > deadline:
+                raise failed(exc) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 def _has_wildcard(subject: str) -> bool:
