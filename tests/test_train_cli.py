@@ -38,11 +38,13 @@ def harnessrl(*args: str, home: Path, env: dict[str, str] | None = None) -> subp
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env=env)
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Poll until `condition` holds; returns the seconds it took."""
+def wait_for(
+    condition: Callable[[], bool], timeout_s: float, what: str, state: Callable[[], object] = lambda: ""
+) -> float:
+    """Poll until `condition` holds; returns the seconds it took. A timeout reports `state()`."""
     started = time.monotonic()
     while not condition():
-        assert time.monotonic() - started < timeout_s, f"timed out after {timeout_s} s waiting for {what}"
+        assert time.monotonic() - started < timeout_s, f"timed out after {timeout_s} s waiting for {what}: {state()}"
         time.sleep(0.25)
     return time.monotonic() - started
 
@@ -356,5 +358,10 @@ def test_sigkill_of_train_leaves_no_process_behind(tmp_path: Path, tiny_model: P
     finally:
         train.kill()  # SIGKILL: `harnessrl train` gets no chance to stop anything
         train.wait()
-    took = wait_for(lambda: not survivors(tree) and not orphans(home), 60, "every process of the run to exit")
+    took = wait_for(
+        lambda: not survivors(tree) and not orphans(home),
+        60,
+        "every process of the run to exit",
+        lambda: {"survivors": survivors(tree), "orphans": orphans(home)},
+    )
     log.info("%d processes gone %.1f s after the SIGKILL", len(tree), took)

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import uvloop
 
 from harnessrl.shared import subjects
-from harnessrl.shared.bus import ConsumerSpec, Delivery, NatsBus
+from harnessrl.shared.bus import ConsumerSpec, Delivery, NatsBus, PublishError
 from harnessrl.shared.contracts import WeightVersion
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.natsserver import NatsServer
@@ -58,3 +63,33 @@ async def test_kill_nats_mid_stream_loses_nothing(nats_server: NatsServer) -> No
         await asyncio.sleep(0.05)
     assert {d.decode(WeightVersion).version for d in seen} == set(range(TOTAL))
     await bus.close()
+
+
+def test_close_after_losing_the_server_is_clean(tmp_path: Path) -> None:
+    """A bus whose server died (publishes were buffered for the reconnect) still closes without an
+    error, as a service shutting down after its NATS does needs (run on uvloop, as services are)."""
+    server = NatsServer(tmp_path)
+    server.start()
+
+    async def lose_server_then_close() -> float:
+        bus = NatsBus(server.url, publish_timeout_s=0.2)
+        await bus.connect()
+        await bus.ensure_streams([subjects.WEIGHTS])
+        subject = subjects.weights("lost")
+        spec = ConsumerSpec(stream=subjects.WEIGHTS.name, filter_subject=subject, durable="lost")
+        await bus.subscribe(spec, _ignore)
+        server.kill()
+        with pytest.raises(PublishError):
+            await bus.publish(subject, WeightVersion(run="lost", version=1, step=1), msg_id="m", budget_s=0.5)
+        started = time.monotonic()
+        await bus.close()
+        return time.monotonic() - started
+
+    try:
+        assert uvloop.run(lose_server_then_close()) < 5
+    finally:
+        server.stop()
+
+
+async def _ignore(delivery: Delivery) -> None:
+    del delivery

@@ -68,6 +68,10 @@ def test_rendered_manifests_pass_strict_validation(tmp_path: Path, args: tuple[s
     )
     assert env["HRL_CONTROLLER_NATS_URL"]["value"] == expected_nats
     assert ("StatefulSet" in kinds) == ("nats.deploy=false" not in args)
+    gateway = find(docs, "Deployment", "-gateway")["spec"]["template"]["spec"]
+    gateway_env = {e["name"]: e.get("value") for e in gateway["containers"][0]["env"]}
+    assert gateway_env["HRL_GATEWAY_SHUTDOWN_GRACE_S"] == "20"
+    assert gateway["terminationGracePeriodSeconds"] == 30  # the drain, and 10 s to close the bus
 
 
 def test_rbac_and_episode_network_policy(tmp_path: Path) -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -13,11 +18,12 @@ import pytest
 
 from harnessrl.gateway.canned_upstream import CannedUpstream
 from harnessrl.gateway.episodes import EpisodeBook
-from harnessrl.gateway.testing import ADMIN, Episode, serve_gateway, settings_for
+from harnessrl.gateway.testing import ADMIN, SECRET, Episode, free_port, serve_gateway, settings_for
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.contracts import AgentExited, EpisodeScheduled, UpstreamRegistration, WeightVersion
 from harnessrl.shared.ids import new_id
+from harnessrl.shared.natsserver import NatsServer
 from harnessrl.shared.subjects import ARTIFACTS_BUCKET
 from harnessrl.shared.tokens import reconstruct_prompts
 
@@ -345,3 +351,90 @@ async def test_no_call_goes_out_on_a_connection_the_replica_is_closing(
         assert upstream.dropped == (second_status != 200)
     finally:
         await upstream.stop()
+
+
+@pytest.mark.parametrize(
+    ("upstream_delay_s", "grace_s", "answered"),
+    [(1.0, 15.0, True), (600.0, 1.0, False)],
+    ids=["drained", "cut-after-grace"],
+)
+async def test_sigterm_drains_calls_in_flight_for_at_most_the_grace(
+    nats_server: NatsServer, upstream_delay_s: float, grace_s: float, answered: bool
+) -> None:
+    """`harnessrl gateway` on SIGTERM: a call finishing within `shutdown_grace_s` is answered; one on
+    a replica that never answers is cut when the grace ends (503), and the process exits either way."""
+    upstream = CannedUpstream(delay_s=upstream_delay_s)
+    async with _gateway_process(nats_server, upstream, grace_s) as (url, process):
+        call = asyncio.ensure_future(
+            _request("POST", url + "/v1/chat/completions", key=Episode().key, json=CHAT)
+        )
+        exited_s = await _sigterm_once_upstream_busy(upstream, process, grace_s)
+        status, body, headers = await call
+    if answered:
+        assert status == 200 and body["choices"][0]["message"]["content"]
+        assert exited_s < grace_s
+    else:
+        assert status == 503 and headers["Retry-After"] == "1"
+        assert body["error"]["message"] == "the gateway is shutting down"
+        assert grace_s <= exited_s
+
+
+async def test_sigterm_cuts_a_stream_after_the_grace_and_records_its_partial_span(
+    nats_server: NatsServer, bus: Bus
+) -> None:
+    upstream = CannedUpstream(event_delay_s=0.3)  # 30 tokens: 9 s, far past the grace
+    episode = Episode()
+    gateway = _gateway_process(nats_server, upstream, 1.0)
+    async with gateway as (url, process), aiohttp.ClientSession() as session:
+        response = await session.post(
+            url + "/v1/chat/completions", json={**CHAT, "stream": True},
+            headers={"authorization": f"Bearer {episode.key}"},
+        )  # fmt: skip
+        assert response.status == 200
+        exited_s = await _sigterm_once_upstream_busy(upstream, process, 1.0)
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
+    assert exited_s >= 1.0
+    spans = await episode.spans(bus)
+    assert [(span.status, span.error) for span in spans] == [("aborted", "the gateway shut down")]
+    assert 0 < len(spans[0].completions[0].token_ids) < len("Hello from the canned upstream.")
+
+
+@asynccontextmanager
+async def _gateway_process(
+    nats_server: NatsServer, upstream: CannedUpstream, grace_s: float
+) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """`harnessrl gateway` as its own process in front of `upstream` (started here)."""
+    await upstream.start()
+    port = free_port()
+    env = {**os.environ, "HRL_GATEWAY_KEY_SECRET": SECRET, "HRL_GATEWAY_SHUTDOWN_GRACE_S": str(grace_s)}
+    argv = ["--port", str(port), "--nats-url", nats_server.url, "--upstream", upstream.url]
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "harnessrl.gateway", *argv, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        async def up() -> bool:
+            try:
+                return (await _request("GET", url + "/healthz"))[0] == 200
+            except aiohttp.ClientError:
+                return False
+
+        await _eventually(up, "the gateway to answer")
+        yield url, process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await upstream.stop()
+
+
+async def _sigterm_once_upstream_busy(
+    upstream: CannedUpstream, process: asyncio.subprocess.Process, grace_s: float
+) -> float:
+    """SIGTERM the gateway while its call is at the upstream; seconds until it exited."""
+    await _eventually(lambda: upstream.active > 0, "the call to reach the upstream")
+    process.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    # uvicorn ends by the signal it was sent once it has shut down, as a shell expects.
+    assert await asyncio.wait_for(process.wait(), grace_s + 10) == -signal.SIGTERM
+    return time.monotonic() - started

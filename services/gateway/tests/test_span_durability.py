@@ -95,7 +95,7 @@ async def test_client_disconnect_aborts_upstream_and_records_an_aborted_span(
             assert upstream.aborted == 1, spans
     finally:
         await upstream.stop()
-    assert spans[0].status == "aborted", spans[0]
+    assert (spans[0].status, spans[0].error) == ("aborted", "client disconnected"), spans[0]
     assert spans[0].stream
     assert 0 < len(spans[0].completions[0].token_ids) < len("Hello from the canned upstream.")
 

@@ -123,7 +123,7 @@ def _pin(pid: int, cpus: set[int] | None) -> None:
 
 
 def _peak_rss_mb(pid: int) -> float:
-    """Peak resident memory of `pid` and its children (granian serves from a worker process)."""
+    """Peak resident memory of `pid` and its children."""
     total = 0.0
     for each in (pid, *_children(pid)):
         for line in Path(f"/proc/{each}/status").read_text().splitlines():

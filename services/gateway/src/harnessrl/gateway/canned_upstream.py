@@ -122,7 +122,7 @@ class CannedUpstream:
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
-        self.delay_s = delay_s
+        self.delay_s = delay_s  # before each POST is answered (a sampling call's latency)
         # > 0: a request arriving on a connection idle longer than this is dropped unanswered, as
         # when a server's keep-alive timer closes the connection just as the request comes in.
         self.idle_close_s = idle_close_s
@@ -241,26 +241,29 @@ class _Connection(asyncio.Protocol):
         body = b"".join(self.body)
         self.url, self.body = b"", []
         answer = self.server.answer(method, path, body)
-        if isinstance(answer, bytes) and not self.server.delay_s and self.pending is None:
+        delay_s = self.server.delay_s if method == "POST" else 0.0  # health checks answer at once
+        if isinstance(answer, bytes) and not delay_s and self.pending is None:
             self._write(answer)
             return
         previous = self.pending
-        self.pending = asyncio.ensure_future(self._deliver(previous, answer))
+        self.pending = asyncio.ensure_future(self._deliver(previous, answer, delay_s))
 
-    async def _deliver(self, previous: asyncio.Future[None] | None, answer: bytes | list[bytes]) -> None:
+    async def _deliver(
+        self, previous: asyncio.Future[None] | None, answer: bytes | list[bytes], delay_s: float
+    ) -> None:
         if previous is not None:
             await previous
         server = self.server
         server.active += 1
         server.max_active = max(server.max_active, server.active)
         try:
-            await self._answer(answer)
+            await self._answer(answer, delay_s)
         finally:
             server.active -= 1
 
-    async def _answer(self, answer: bytes | list[bytes]) -> None:
-        if self.server.delay_s:
-            await asyncio.sleep(self.server.delay_s)
+    async def _answer(self, answer: bytes | list[bytes], delay_s: float) -> None:
+        if delay_s:
+            await asyncio.sleep(delay_s)
         if isinstance(answer, bytes):
             self._write(answer)
             return
@@ -288,7 +291,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each POST is answered")
     parser.add_argument("--fixed", action="store_true", help="one precomputed answer to every POST")
     args = parser.parse_args()
 

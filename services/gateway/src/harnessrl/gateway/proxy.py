@@ -8,6 +8,7 @@ response completes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from typing import Any
@@ -61,6 +62,9 @@ _REQUIRED_FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
 }
 
 
+_SHUTTING_DOWN = Unavailable("the gateway is shutting down", retry_after=1.0)
+
+
 class Proxy:
     """ASGI app of every harness-facing route."""
 
@@ -91,6 +95,11 @@ class Proxy:
             await respond_error(send, error, dialect)
         except ClientGone:
             status = 499
+        except asyncio.CancelledError:  # only uvicorn cancels a request: the shutdown grace ran out
+            status = 503
+            log.warning("request.cut_at_shutdown", route=route)
+            with contextlib.suppress(RuntimeError):  # a stream had started: its connection just closes
+                await respond_error(send, _SHUTTING_DOWN, dialect)
         except Exception as exc:  # a bug still answers in the client's envelope
             log.exception("request.failed", route=route)
             with contextlib.suppress(RuntimeError):  # the response had already started

@@ -1,11 +1,11 @@
-"""Running the gateway: the app factory used by `harnessrl gateway` and ASGI servers."""
+"""Running the gateway: the app and the uvicorn server behind `harnessrl gateway`."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import uvicorn
 
 from harnessrl.gateway.app import GatewayApp, create_app
-from harnessrl.gateway.settings import GatewaySettings, load_gateway_settings
+from harnessrl.gateway.settings import GatewaySettings
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.log import configure_logging
 
@@ -15,49 +15,29 @@ def app_from_settings(settings: GatewaySettings) -> GatewayApp:
     return create_app(settings, NatsBus(settings.nats_url, name="harnessrl-gateway"), owns_bus=True)
 
 
-def app_from_env() -> GatewayApp:
-    """ASGI factory: settings from `HRL_GATEWAY_*` (and `HRL_GATEWAY_CONFIG`, a TOML file)."""
-    import os
+def server_config(app: GatewayApp, settings: GatewaySettings, *, port: int | None = None) -> uvicorn.Config:
+    """The uvicorn configuration the gateway runs with.
 
-    config = os.environ.get("HRL_GATEWAY_CONFIG")
-    settings = load_gateway_settings(Path(config) if config else None)
-    configure_logging("json", settings.log_level)
-    return app_from_settings(settings)
-
-
-def serve(settings: GatewaySettings) -> None:
-    """Serve until interrupted, with the server named in settings."""
-    configure_logging("json", settings.log_level)
-    if settings.server == "granian":
-        _serve_granian(settings)
-        return
-    import uvicorn
-
-    uvicorn.run(
-        app_from_settings(settings),
+    On SIGTERM it stops accepting, lets calls in flight finish for up to `shutdown_grace_s`, then
+    cancels the rest (answered 503; a stream already started just ends) and closes the bus. Without that
+    bound one call on a replica that never answers (a vLLM stopping at the same moment can leave
+    one hanging) keeps the gateway, and through its open connection that replica, alive.
+    """
+    return uvicorn.Config(
+        app,
         host=settings.host,
-        port=settings.port,
+        port=settings.port if port is None else port,
         loop="uvloop",
         http="httptools",
         access_log=False,
         proxy_headers=False,
         log_level="warning",
         lifespan="on",
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
 
 
-def _serve_granian(settings: GatewaySettings) -> None:
-    """Granian's embedded server: its Rust HTTP layer inside this process's uvloop."""
-    import uvloop
-    from granian.constants import HTTPModes, Interfaces
-    from granian.server.embed import Server
-
-    server = Server(
-        app_from_settings(settings),
-        address=settings.host,
-        port=settings.port,
-        interface=Interfaces.ASGI,
-        http=HTTPModes.http1,
-        log_access=False,
-    )
-    uvloop.run(server.serve())
+def serve(settings: GatewaySettings) -> None:
+    """Serve until SIGTERM/SIGINT."""
+    configure_logging("json", settings.log_level)
+    uvicorn.Server(server_config(app_from_settings(settings), settings)).run()

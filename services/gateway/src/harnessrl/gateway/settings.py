@@ -52,15 +52,16 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     episode_cache_size: int = 4096
     access_log: bool = True
     log_level: str = "INFO"
-    # "uvicorn" or "granian": the ASGI server `harnessrl gateway` runs.
-    server: str = "uvicorn"
+    # On SIGTERM, calls in flight get this long to finish; then they are cut (503, or a stream just
+    # ends) and the gateway exits. Keep it below the pod's terminationGracePeriodSeconds.
+    shutdown_grace_s: float = 20.0
 
     def __post_init__(self) -> None:
         """Reject values the gateway could not run with."""
         if not 0 <= self.port < 65536:
             raise msgspec.ValidationError("Expected `port` in 0..65535")
-        if self.server not in ("uvicorn", "granian"):
-            raise msgspec.ValidationError("Expected `server` to be uvicorn or granian")
+        if self.shutdown_grace_s < 0:
+            raise msgspec.ValidationError("Expected `shutdown_grace_s` >= 0")
         for name in ("max_body_bytes", "max_in_flight_per_upstream", "unhealthy_after_failures"):
             if getattr(self, name) < 1:
                 raise msgspec.ValidationError(f"Expected `{name}` >= 1")

@@ -106,10 +106,10 @@ class StreamRelay:
         )  # fmt: skip
         await recorder.publish(span, self.calls, self.capture)
 
-    async def record_abort(self) -> None:
-        """Publish the partial capture of a call whose client went away (failures only logged)."""
+    async def record_abort(self, reason: str) -> None:
+        """Publish the partial capture of a call cut short (failures only logged)."""
         try:
-            await self._record("aborted", "client disconnected")
+            await self._record("aborted", reason)
         except ApiError as error:
             log.error("span.abort_unrecorded", span=self.call.span_id, error=error.message)
 
@@ -136,13 +136,15 @@ async def relay_stream(
     try:
         await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
+        # Not done either: the request itself was cancelled (the shutdown grace ran out).
+        reason = "client disconnected" if watcher.done() else "the gateway shut down"
         watcher.cancel()
         if not pump.done():
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
             forwarder.abort(upstream, response)
-            await relay.record_abort()
+            await relay.record_abort(reason)
     if pump.cancelled():
         return CLIENT_CLOSED
     forwarder.finish(upstream, response)

@@ -14,6 +14,7 @@ import uvicorn
 from harnessrl.gateway.app import GatewayApp, create_app
 from harnessrl.gateway.canned_upstream import CannedUpstream
 from harnessrl.gateway.runtime import Gateway
+from harnessrl.gateway.server import server_config
 from harnessrl.gateway.settings import GatewaySettings
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus
@@ -54,6 +55,7 @@ def settings_for(upstreams: list[str], **overrides: Any) -> GatewaySettings:
         "upstreams": upstreams,
         "access_log": False,
         "health_interval_s": 0.2,
+        "shutdown_grace_s": 2.0,
         **overrides,
     }
     return GatewaySettings(**values)
@@ -75,13 +77,8 @@ class RunningGateway:
 @asynccontextmanager
 async def serve_gateway(settings: GatewaySettings, bus: Bus) -> AsyncIterator[RunningGateway]:
     """Run the gateway on a free port with uvicorn inside the test's event loop."""
-    app = create_app(settings, bus)
-    port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", access_log=False,
-        timeout_graceful_shutdown=2,
-    )  # fmt: skip
-    server = uvicorn.Server(config)
+    app, port = create_app(settings, bus), free_port()
+    server = uvicorn.Server(server_config(app, settings, port=port))
     task = asyncio.ensure_future(server.serve())
     while not server.started:
         if task.done():

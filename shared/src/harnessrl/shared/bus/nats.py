@@ -145,7 +145,10 @@ class NatsBus(Bus):
         if self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(nats.errors.Error, OSError, asyncio.TimeoutError):
                 await self._nc.flush(timeout=2)
-            await self._nc.close()
+            # With the server gone, nats.py's close still writes what it buffered for a reconnect to
+            # the dead socket (uvloop raises RuntimeError); its tasks are stopped by then, nothing to do.
+            with contextlib.suppress(RuntimeError, OSError):
+                await self._nc.close()
         self._nc = self._js = None
 
     # --- streams ---------------------------------------------------------------------------------
