@@ -44,7 +44,8 @@ def wait_for(
     """Poll until `condition` holds; returns the seconds it took. A timeout reports `state()`."""
     started = time.monotonic()
     while not condition():
-        assert time.monotonic() - started < timeout_s, f"timed out after {timeout_s} s waiting for {what}: {state()}"
+        waited = time.monotonic() - started
+        assert waited < timeout_s, f"timed out after {timeout_s} s waiting for {what}: {state()}"
         time.sleep(0.25)
     return time.monotonic() - started
 

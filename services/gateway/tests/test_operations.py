@@ -355,11 +355,11 @@ async def test_no_call_goes_out_on_a_connection_the_replica_is_closing(
 
 @pytest.mark.parametrize(
     ("upstream_delay_s", "grace_s", "answered"),
-    [(1.0, 15.0, True), (600.0, 1.0, False)],
+    [(1.0, 15, True), (600.0, 1, False)],
     ids=["drained", "cut-after-grace"],
 )
 async def test_sigterm_drains_calls_in_flight_for_at_most_the_grace(
-    nats_server: NatsServer, upstream_delay_s: float, grace_s: float, answered: bool
+    nats_server: NatsServer, upstream_delay_s: float, grace_s: int, answered: bool
 ) -> None:
     """`harnessrl gateway` on SIGTERM: a call finishing within `shutdown_grace_s` is answered; one on
     a replica that never answers is cut when the grace ends (503), and the process exits either way."""
@@ -384,17 +384,17 @@ async def test_sigterm_cuts_a_stream_after_the_grace_and_records_its_partial_spa
 ) -> None:
     upstream = CannedUpstream(event_delay_s=0.3)  # 30 tokens: 9 s, far past the grace
     episode = Episode()
-    gateway = _gateway_process(nats_server, upstream, 1.0)
+    gateway = _gateway_process(nats_server, upstream, 1)
     async with gateway as (url, process), aiohttp.ClientSession() as session:
         response = await session.post(
             url + "/v1/chat/completions", json={**CHAT, "stream": True},
             headers={"authorization": f"Bearer {episode.key}"},
         )  # fmt: skip
         assert response.status == 200
-        exited_s = await _sigterm_once_upstream_busy(upstream, process, 1.0)
+        exited_s = await _sigterm_once_upstream_busy(upstream, process, 1)
         with pytest.raises(aiohttp.ClientPayloadError):
             await response.read()
-    assert exited_s >= 1.0
+    assert exited_s >= 1
     spans = await episode.spans(bus)
     assert [(span.status, span.error) for span in spans] == [("aborted", "the gateway shut down")]
     assert 0 < len(spans[0].completions[0].token_ids) < len("Hello from the canned upstream.")
@@ -402,7 +402,7 @@ async def test_sigterm_cuts_a_stream_after_the_grace_and_records_its_partial_spa
 
 @asynccontextmanager
 async def _gateway_process(
-    nats_server: NatsServer, upstream: CannedUpstream, grace_s: float
+    nats_server: NatsServer, upstream: CannedUpstream, grace_s: int
 ) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
     """`harnessrl gateway` as its own process in front of `upstream` (started here)."""
     await upstream.start()
@@ -429,7 +429,7 @@ async def _gateway_process(
 
 
 async def _sigterm_once_upstream_busy(
-    upstream: CannedUpstream, process: asyncio.subprocess.Process, grace_s: float
+    upstream: CannedUpstream, process: asyncio.subprocess.Process, grace_s: int
 ) -> float:
     """SIGTERM the gateway while its call is at the upstream; seconds until it exited."""
     await _eventually(lambda: upstream.active > 0, "the call to reach the upstream")

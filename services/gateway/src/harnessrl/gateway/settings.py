@@ -54,7 +54,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     log_level: str = "INFO"
     # On SIGTERM, calls in flight get this long to finish; then they are cut (503, or a stream just
     # ends) and the gateway exits. Keep it below the pod's terminationGracePeriodSeconds.
-    shutdown_grace_s: float = 20.0
+    shutdown_grace_s: int = 20
 
     def __post_init__(self) -> None:
         """Reject values the gateway could not run with."""

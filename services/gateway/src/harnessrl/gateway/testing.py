@@ -55,7 +55,7 @@ def settings_for(upstreams: list[str], **overrides: Any) -> GatewaySettings:
         "upstreams": upstreams,
         "access_log": False,
         "health_interval_s": 0.2,
-        "shutdown_grace_s": 2.0,
+        "shutdown_grace_s": 2,
         **overrides,
     }
     return GatewaySettings(**values)
