@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,11 +54,11 @@ from harnessrl.shared.contracts import (
     decode_event,
     event_kind,
 )
+from harnessrl.shared.testing.tools import MINI_SWE_AGENT as MINI
 from harnessrl.shared.train import TrainSession
 from harnessrl.trainer.replica import VllmReplica
 
 log = logging.getLogger(__name__)
-MINI = Path.home() / ".cache/harnessrl/harness-mini-swe-agent-2.4.6/bin/mini"
 ECHO = "echo x >> NOTES.md"
 MINI_ENV = {
     "MSWEA_CONFIGURED": "true",
@@ -218,20 +217,6 @@ def warm_start(tiny_model: Path, demos: dict[str, Demo]) -> Path:
         subprocess.run(warm, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     return build_once(target, build, done="config.json")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-    try:
-        (staging / "demos.jsonl").write_bytes(lines)
-        warm = [sys.executable, "-m", "harnessrl.trainer.warmstart", "--model", str(tiny_model),
-                "--demos", str(staging / "demos.jsonl"), "--out", str(staging), *args]  # fmt: skip
-        subprocess.run(warm, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        staging.rename(target)
-    except OSError:
-        if not (target / "config.json").exists():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from harnessrl.shared.testing.tools import HELM
+
 CHART = Path(__file__).resolve().parents[3] / "charts" / "harnessrl"
-HELM = Path.home() / ".cache" / "harnessrl" / "helm-kubectl-v33" / "helm"
 
 
 def helm(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,9 +17,9 @@ import msgspec
 from harnessrl.gateway.canned_upstream import CannedUpstream
 from harnessrl.gateway.testing import Episode, serve_gateway, settings_for
 from harnessrl.shared.bus.base import Bus
+from harnessrl.shared.testing.tools import MINI_SWE_AGENT as MINI
 from harnessrl.shared.tokens import reconstruct_prompts
 
-MINI = Path.home() / ".cache/harnessrl/harness-mini-swe-agent-2.4.6/bin/mini"
 COMMANDS = ["echo gateway > proof.txt", "cat proof.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
 
 

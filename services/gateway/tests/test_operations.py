@@ -18,12 +18,12 @@ import pytest
 
 from harnessrl.gateway.canned_upstream import CannedUpstream
 from harnessrl.gateway.episodes import EpisodeBook
-from harnessrl.gateway.testing import ADMIN, SECRET, Episode, free_port, serve_gateway, settings_for
+from harnessrl.gateway.testing import ADMIN, SECRET, Episode, serve_gateway, settings_for
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.contracts import AgentExited, EpisodeScheduled, UpstreamRegistration, WeightVersion
 from harnessrl.shared.ids import new_id
-from harnessrl.shared.natsserver import NatsServer
+from harnessrl.shared.natsserver import NatsServer, free_port
 from harnessrl.shared.subjects import ARTIFACTS_BUCKET
 from harnessrl.shared.tokens import reconstruct_prompts
 

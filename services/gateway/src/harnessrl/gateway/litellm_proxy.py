@@ -1,7 +1,8 @@
 """LiteLLM's proxy as the benchmark's point of comparison, in its own venv (never the product's).
 
-The venv lives under `~/.cache/harnessrl/bench-litellm-<version>` and is built on first use with
-pip. 1.108.7 is a known-good release (1.82.7 and 1.82.8 were compromised; never install those).
+The venv lives under `$HARNESSRL_CACHE/bench-litellm-<version>` (default `~/.cache/harnessrl`) and
+is built on first use with pip. 1.108.7 is a known-good release (1.82.7 and 1.82.8 were compromised;
+never install those).
 """
 
 from __future__ import annotations
@@ -15,44 +16,26 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from harnessrl.shared.cache import cache_root
+from harnessrl.shared.cache import build_once, cache_root
 
 LITELLM_VERSION = "1.108.7"
 MASTER_KEY = "sk-harnessrl-bench"
 _COMPROMISED = frozenset({"1.82.7", "1.82.8"})
+_LITELLM = "bin/litellm"  # the proxy's command, there once the venv is complete
 
 
 def litellm_venv(cache: Path | None = None) -> Path:
     """The venv with LiteLLM's proxy, built once per machine."""
     if LITELLM_VERSION in _COMPROMISED:
         raise RuntimeError(f"litellm {LITELLM_VERSION} is a compromised release")
+
+    def build(staging: Path) -> None:
+        subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
+        pip = [str(staging / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+        subprocess.run([*pip, f"litellm[proxy]=={LITELLM_VERSION}"], check=True)
+
     root = (cache or cache_root()) / f"bench-litellm-{LITELLM_VERSION}"
-    if (root / ".complete").exists():
-        return root
-    building = root.with_name(root.name + ".tmp")
-    if not (building / ".installed").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(building)], check=True)
-        subprocess.run(
-            [str(building / "bin" / "pip"), "install", "--quiet", f"litellm[proxy]=={LITELLM_VERSION}"],
-            check=True,
-        )  # fmt: skip
-        (building / ".installed").touch()
-    building.rename(root)
-    for script in (root / "bin").iterdir():
-        _rewrite_shebang(script, str(building), str(root))
-    (root / ".complete").touch()
-    return root
-
-
-def _rewrite_shebang(script: Path, old: str, new: str) -> None:
-    if not script.is_file() or script.is_symlink():
-        return
-    try:
-        text = script.read_text()
-    except UnicodeDecodeError:
-        return
-    if old in text:
-        script.write_text(text.replace(old, new))
+    return build_once(root, build, done=_LITELLM)
 
 
 def start_litellm(venv: Path, upstream: str, port: int, workdir: Path) -> subprocess.Popen[bytes]:
@@ -76,7 +59,8 @@ def start_litellm(venv: Path, upstream: str, port: int, workdir: Path) -> subpro
     }
     log = (workdir / "litellm.log").open("wb")
     return subprocess.Popen(
-        [str(venv / "bin" / "litellm"), "--config", str(config), "--port", str(port),
+        # The venv's python runs the script: its shebang still names the staging folder it was built in.
+        [str(venv / "bin" / "python"), str(venv / _LITELLM), "--config", str(config), "--port", str(port),
          "--host", "127.0.0.1", "--num_workers", "1"],
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True,
     )  # fmt: skip

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -21,16 +20,10 @@ from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.contracts import Span
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.keys import sign_episode_key
+from harnessrl.shared.natsserver import free_port
 
 SECRET = "test-secret"  # noqa: S105 - a test-only signing secret
 ADMIN = "admin-token"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Episode:
