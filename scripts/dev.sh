@@ -13,7 +13,7 @@ py=${PYTHON:-python3}
 cache=${HARNESSRL_CACHE:-$HOME/.cache/harnessrl}
 key=$(sha256sum < requirements.lock | cut -c1-16)
 venv="$cache/venv-$key"
-packages=(shared services/gateway services/controller services/reward services/trainer)
+packages=(shared services/gateway services/controller services/reward services/trainer stack testkit benchmarks)
 
 mkdir -p "$cache"
 exec 9>"$cache/.dev.lock"
@@ -34,12 +34,12 @@ fi
 ln -sfn "$venv" .venv
 
 stamp="$venv/.editable-root"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$root" ]; then
+if [ "$(cat "$stamp" 2>/dev/null)" != "$root ${packages[*]}" ]; then
   args=()
   for p in "${packages[@]}"; do args+=(-e "$p"); done
   .venv/bin/pip install --quiet --no-deps --no-build-isolation \
     --config-settings editable_mode=compat "${args[@]}"
-  echo "$root" > "$stamp"
+  echo "$root ${packages[*]}" > "$stamp"
 fi
 
 bash scripts/tools.sh

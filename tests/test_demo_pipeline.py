@@ -28,8 +28,8 @@ from harnessrl.shared.contracts import (
     decode_event,
     event_kind,
 )
-from harnessrl.shared.demo.run import DemoSettings, evaluate, run_spec, warm_start
-from harnessrl.shared.train import TrainSession
+from harnessrl.stack.demo.run import DemoSettings, evaluate, run_spec, warm_start
+from harnessrl.stack.train import TrainSession
 
 
 def load_example(relative: str) -> ModuleType:

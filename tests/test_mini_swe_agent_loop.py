@@ -54,8 +54,8 @@ from harnessrl.shared.contracts import (
     decode_event,
     event_kind,
 )
-from harnessrl.shared.testing.tools import MINI_SWE_AGENT as MINI
-from harnessrl.shared.train import TrainSession
+from harnessrl.stack.train import TrainSession
+from harnessrl.testkit.tools import MINI_SWE_AGENT as MINI
 from harnessrl.trainer.replica import VllmReplica
 
 log = logging.getLogger(__name__)

@@ -23,11 +23,12 @@ import pytest
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import WeightVersion, decode, decode_event, event_kind
-from harnessrl.shared.demo import harness as demo_harness
-from harnessrl.shared.demo.tasks import task_spec, write_tasks
-from harnessrl.shared.natsserver import NatsServer, free_port
+from harnessrl.shared.net import free_port
 from harnessrl.shared.runspec import load_run_spec
-from harnessrl.shared.train import TrainSession
+from harnessrl.stack.demo import harness as demo_harness
+from harnessrl.stack.demo.tasks import task_spec, write_tasks
+from harnessrl.stack.natsserver import NatsServer
+from harnessrl.stack.train import TrainSession
 
 log = logging.getLogger(__name__)
 CLI = str(Path(sys.executable).parent / "harnessrl")

@@ -25,8 +25,8 @@ from harnessrl.shared.bus import (
 )
 from harnessrl.shared.contracts import WeightVersion
 from harnessrl.shared.ids import new_id
-from harnessrl.shared.natsserver import NatsServer
 from harnessrl.shared.subjects import StreamSpec
+from harnessrl.stack.natsserver import NatsServer
 
 
 @pytest.fixture(params=["memory", "nats"])

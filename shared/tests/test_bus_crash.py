@@ -13,7 +13,7 @@ from harnessrl.shared import subjects
 from harnessrl.shared.bus import ConsumerSpec, Delivery, NatsBus, PublishError
 from harnessrl.shared.contracts import WeightVersion
 from harnessrl.shared.ids import new_id
-from harnessrl.shared.natsserver import NatsServer
+from harnessrl.stack.natsserver import NatsServer
 
 TOTAL = 300
 

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from harnessrl.controller.testing.exits import ExitRecorder
-from harnessrl.controller.testing.fake_kube import FakeKubeServer
+from harnessrl.testkit.exits import ExitRecorder
+from harnessrl.testkit.fake_kube import FakeKubeServer
 
 
 @pytest.fixture

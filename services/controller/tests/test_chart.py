@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harnessrl.shared.testing.tools import HELM
+from harnessrl.testkit.tools import HELM
 
 CHART = Path(__file__).resolve().parents[3] / "charts" / "harnessrl"
 

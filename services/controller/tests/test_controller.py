@@ -12,15 +12,11 @@ from typing import Any
 
 import pytest
 
-from harnessrl.controller import control
 from harnessrl.controller.launchers.kube_manifest import job_name
 from harnessrl.controller.run import RunDriver
 from harnessrl.controller.service import Controller
 from harnessrl.controller.settings import ControllerSettings
-from harnessrl.controller.testing.artifact_sink import ArtifactSink
-from harnessrl.controller.testing.fake_kube import FakeKubeServer
-from harnessrl.controller.testing.reward_stub import StubReward
-from harnessrl.shared import subjects
+from harnessrl.shared import control, subjects
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import (
     LauncherSpec,
@@ -30,6 +26,9 @@ from harnessrl.shared.contracts import (
     decode,
     decode_event,
 )
+from harnessrl.testkit.artifact_sink import ArtifactSink
+from harnessrl.testkit.fake_kube import FakeKubeServer
+from harnessrl.testkit.reward_stub import StubReward
 
 SECRET = "controller-test-secret"
 HARNESS = 'echo "$HARNESSRL_TASK" > seen.txt; case "$HARNESSRL_TASK" in *2+2*) echo 4 > answer.txt;; esac'
@@ -216,7 +215,7 @@ async def test_kube_eviction_is_retried_as_a_new_attempt(harness: Harness) -> No
     async with asyncio.timeout(30):
         while ("jobs", "default", job_name(harness.run, first)) not in store.objects:
             await asyncio.sleep(0.05)
-    from harnessrl.controller.testing import kube_jobs
+    from harnessrl.testkit import kube_jobs
 
     kube_jobs.evict(store, store.get("jobs", "default", job_name(harness.run, first)))
     async with asyncio.timeout(30):

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.controller.testing.artifact_sink import ArtifactSink
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.keys import sign_episode_key
+from harnessrl.testkit.artifact_sink import ArtifactSink
 
 SECRET = b"entrypoint-secret"
 

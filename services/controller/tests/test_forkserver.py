@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from harnessrl.controller.launchers.local import LocalLauncher
-from harnessrl.controller.testing.exits import ExitRecorder, launch_request
+from harnessrl.testkit.exits import ExitRecorder, launch_request
 
 HARNESS = """
 import os, sys

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from harnessrl.controller.launchers.kube_manifest import job_name, render_job, render_secret
-from harnessrl.controller.testing.exits import launch_request
 from harnessrl.shared.contracts import LauncherSpec, TaskSpec
+from harnessrl.testkit.exits import launch_request
 
 SPEC = LauncherSpec(
     kind="kubernetes",

@@ -13,9 +13,9 @@ import pytest
 from harnessrl.controller.launchers.base import ExitStatus
 from harnessrl.controller.launchers.kube import KubeLauncher, KubeUnreachableError, api_client
 from harnessrl.controller.launchers.kube_manifest import job_name, secret_name
-from harnessrl.controller.testing.exits import ExitRecorder, launch_request
-from harnessrl.controller.testing.fake_kube import FakeKubeServer
 from harnessrl.shared.contracts import LauncherSpec
+from harnessrl.testkit.exits import ExitRecorder, launch_request
+from harnessrl.testkit.fake_kube import FakeKubeServer
 
 SPEC = LauncherSpec(kind="kubernetes", command=["python", "harness.py"], image="harness:1")
 

@@ -10,7 +10,7 @@ import pytest
 
 from harnessrl.controller.launchers.local import LocalLauncher
 from harnessrl.controller.launchers.process import ProcessFacts, alive
-from harnessrl.controller.testing.exits import ExitRecorder, launch_request
+from harnessrl.testkit.exits import ExitRecorder, launch_request
 
 
 async def started(tmp_path: Path, exits: ExitRecorder, grace: float = 0.5) -> LocalLauncher:

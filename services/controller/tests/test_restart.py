@@ -13,13 +13,12 @@ from typing import Any
 
 import aiohttp
 
-from harnessrl.controller import control
-from harnessrl.controller.testing.artifact_sink import ArtifactSink
-from harnessrl.controller.testing.fake_kube import FakeKubeServer
-from harnessrl.controller.testing.reward_stub import StubReward
-from harnessrl.shared import subjects
+from harnessrl.shared import control, subjects
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import RolloutComplete, decode, decode_event
+from harnessrl.testkit.artifact_sink import ArtifactSink
+from harnessrl.testkit.fake_kube import FakeKubeServer
+from harnessrl.testkit.reward_stub import StubReward
 
 SECRET = "restart-test-secret"
 GROUPS, GROUP_SIZE = 6, 3

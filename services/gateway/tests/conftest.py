@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from harnessrl.gateway.canned_upstream import CannedUpstream
-from harnessrl.gateway.testing import Episode, RunningGateway, serve_gateway, settings_for
 from harnessrl.shared.bus import NatsBus
-from harnessrl.shared.natsserver import NatsServer
+from harnessrl.stack.natsserver import NatsServer
+from harnessrl.testkit.canned_upstream import CannedUpstream
+from harnessrl.testkit.gateway import Episode, RunningGateway, serve_gateway, settings_for
 
 
 @pytest.fixture

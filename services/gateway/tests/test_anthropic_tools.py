@@ -6,9 +6,9 @@ from typing import Any
 
 from anthropic import AsyncAnthropic
 
-from harnessrl.gateway.canned_upstream import CannedUpstream
-from harnessrl.gateway.testing import Episode, serve_gateway, settings_for
 from harnessrl.shared.bus.base import Bus
+from harnessrl.testkit.canned_upstream import CannedUpstream
+from harnessrl.testkit.gateway import Episode, serve_gateway, settings_for
 
 TOOLS = [{"name": "bash", "description": "Run a command.",
           "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]  # fmt: skip

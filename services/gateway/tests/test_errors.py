@@ -8,12 +8,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harnessrl.gateway.canned_upstream import CannedUpstream
-from harnessrl.gateway.testing import Episode, RunningGateway, serve_gateway, settings_for
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.contracts import AgentExited, EpisodeCompleted
 from harnessrl.shared.keys import sign_episode_key
+from harnessrl.testkit.canned_upstream import CannedUpstream
+from harnessrl.testkit.gateway import Episode, RunningGateway, serve_gateway, settings_for
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 ANTHROPIC = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from litestar.testing import TestClient
 
 from harnessrl.gateway.app import create_app
-from harnessrl.gateway.testing import Episode, settings_for, threaded_canned_upstream
 from harnessrl.shared.bus import NatsBus
-from harnessrl.shared.natsserver import NatsServer
+from harnessrl.stack.natsserver import NatsServer
+from harnessrl.testkit.gateway import Episode, settings_for, threaded_canned_upstream
 
 EXAMPLES = 1000
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"]

@@ -14,11 +14,11 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.gateway.canned_upstream import CannedUpstream
-from harnessrl.gateway.testing import Episode, serve_gateway, settings_for
 from harnessrl.shared.bus.base import Bus
-from harnessrl.shared.testing.tools import MINI_SWE_AGENT as MINI
 from harnessrl.shared.tokens import reconstruct_prompts
+from harnessrl.testkit.canned_upstream import CannedUpstream
+from harnessrl.testkit.gateway import Episode, serve_gateway, settings_for
+from harnessrl.testkit.tools import MINI_SWE_AGENT as MINI
 
 COMMANDS = ["echo gateway > proof.txt", "cat proof.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
 

@@ -16,16 +16,17 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harnessrl.gateway.canned_upstream import CannedUpstream
 from harnessrl.gateway.episodes import EpisodeBook
-from harnessrl.gateway.testing import ADMIN, SECRET, Episode, serve_gateway, settings_for
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.contracts import AgentExited, EpisodeScheduled, UpstreamRegistration, WeightVersion
 from harnessrl.shared.ids import new_id
-from harnessrl.shared.natsserver import NatsServer, free_port
+from harnessrl.shared.net import free_port
 from harnessrl.shared.subjects import ARTIFACTS_BUCKET
 from harnessrl.shared.tokens import reconstruct_prompts
+from harnessrl.stack.natsserver import NatsServer
+from harnessrl.testkit.canned_upstream import CannedUpstream
+from harnessrl.testkit.gateway import ADMIN, SECRET, Episode, serve_gateway, settings_for
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN}"}

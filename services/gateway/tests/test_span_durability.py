@@ -9,12 +9,12 @@ from typing import Any
 
 import aiohttp
 
-from harnessrl.gateway.canned_upstream import CannedUpstream
-from harnessrl.gateway.testing import Episode, serve_gateway, settings_for
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.contracts import Span
-from harnessrl.shared.natsserver import NatsServer
+from harnessrl.stack.natsserver import NatsServer
+from harnessrl.testkit.canned_upstream import CannedUpstream
+from harnessrl.testkit.gateway import Episode, serve_gateway, settings_for
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 

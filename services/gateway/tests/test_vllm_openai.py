@@ -8,10 +8,10 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from harnessrl.gateway.testing import Episode, serve_gateway, settings_for
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.tokens import reconstruct_prompts
-from harnessrl.shared.vllm import VllmServer
+from harnessrl.stack.vllm import VllmServer
+from harnessrl.testkit.gateway import Episode, serve_gateway, settings_for
 
 MESSAGES = [{"role": "user", "content": "What is 12*34?"}]
 

@@ -10,10 +10,10 @@ import pytest
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
-from harnessrl.gateway.testing import Episode, RunningGateway, serve_gateway, settings_for
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.tokens import reconstruct_prompts
-from harnessrl.shared.vllm import VllmServer
+from harnessrl.stack.vllm import VllmServer
+from harnessrl.testkit.gateway import Episode, RunningGateway, serve_gateway, settings_for
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any
 
 from harnessrl.reward.tinyswe.build import load_instances
 
-HARNESSRL = [sys.executable, "-c", "import sys; from harnessrl.shared.cli import main; sys.exit(main())"]
+HARNESSRL = [sys.executable, "-c", "import sys; from harnessrl.stack.cli import main; sys.exit(main())"]
 
 
 def checkout(root: Path, row: dict[str, Any], dest: Path) -> Path:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from harnessrl.shared.vllm import VllmServer
+from harnessrl.stack.vllm import VllmServer
 from harnessrl.trainer.replica import VllmReplica
 
 TOLERANCE = 2e-3

@@ -14,9 +14,9 @@ from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus
 from harnessrl.shared.contracts import StepMetrics, WeightVersion
 from harnessrl.shared.ids import new_id
-from harnessrl.shared.natsserver import NatsServer
-from harnessrl.trainer.corpus import publish_episodes as publish_group
-from harnessrl.trainer.corpus import record_group
+from harnessrl.stack.natsserver import NatsServer
+from harnessrl.testkit.span_sequences import publish_episodes as publish_group
+from harnessrl.testkit.span_sequences import record_group
 
 
 async def versions_of(bus: Bus, run: str) -> list[int]:

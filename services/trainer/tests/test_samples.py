@@ -2,7 +2,7 @@
 
 import random
 
-from harnessrl.trainer.corpus import EpisodeRecorder, agent_episode
+from harnessrl.testkit.span_sequences import EpisodeRecorder, agent_episode
 from harnessrl.trainer.samples import SampleLimits, build_rows
 
 SYSTEM = [1, 2, 3, 4]

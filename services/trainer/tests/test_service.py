@@ -10,9 +10,9 @@ from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus
 from harnessrl.shared.contracts import StepMetrics, WeightVersion
 from harnessrl.shared.ids import new_id
+from harnessrl.testkit.span_sequences import publish_episodes as publish_group
+from harnessrl.testkit.span_sequences import record_group
 from harnessrl.trainer.assembly import PoolSettings
-from harnessrl.trainer.corpus import publish_episodes as publish_group
-from harnessrl.trainer.corpus import record_group
 from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.metrics import MetricsSink
 from harnessrl.trainer.service import TrainerService

@@ -3,7 +3,7 @@
 import random
 from pathlib import Path
 
-from harnessrl.trainer.bench import demo_batch
+from harnessrl.benchmarks.trainer import demo_batch
 from harnessrl.trainer.checkpoint import STATE_FILE
 from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.settings import TrainerSettings

@@ -1,1 +1,1 @@
-"""harnessrl.shared: contracts, subjects, bus client, settings, logging, keys and test fixtures."""
+"""harnessrl.shared: contracts and plumbing (events, subjects, the bus client, settings, logging, keys)."""

@@ -77,13 +77,3 @@ def load_settings(
         return msgspec.convert(values, kind, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError(f"invalid {kind.__name__} ({prefix}*): {exc}") from exc
-
-
-class BusSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """How a service reaches NATS (shared by every service's settings)."""
-
-    nats_url: str = "nats://127.0.0.1:4222"
-    # Publishing waits for the JetStream ack; a timed-out publish is retried with the same msg id.
-    publish_timeout_s: float = 5.0
-    # Total time to keep retrying one publish before giving up (the caller then fails loudly).
-    publish_retry_s: float = 30.0

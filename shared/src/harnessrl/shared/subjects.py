@@ -105,3 +105,8 @@ ALL_STREAMS = (SPANS, EPISODES, ROLLOUTS, WEIGHTS, METRICS, UPSTREAMS, DLQ)
 
 EPISODE_STATE = BucketSpec(name="hrl-episodes")
 ARTIFACTS_BUCKET = "hrl-artifacts"
+
+
+def artifact_object(run: str, episode: str, kind: str) -> str:
+    """Name of an episode's artifact of `kind` in `ARTIFACTS_BUCKET` (gateway writes, others read)."""
+    return f"{run}/{episode}/{kind}"

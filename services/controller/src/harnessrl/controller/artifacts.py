@@ -11,14 +11,9 @@ from harnessrl.shared.bus import Bus
 from harnessrl.shared.contracts import ArtifactRef
 
 
-def object_name(run: str, episode: str, kind: str) -> str:
-    """Where the gateway stores an episode's artifact in the artifacts bucket."""
-    return f"{run}/{episode}/{kind}"
-
-
 async def read_artifact(bus: Bus, run: str, episode: str, kind: str) -> ArtifactRef | None:
     """A reference to the uploaded artifact, or None when the harness left none."""
-    name = object_name(run, episode, kind)
+    name = subjects.artifact_object(run, episode, kind)
     try:
         data = await bus.get_object(subjects.ARTIFACTS_BUCKET, name)
     except KeyError:

@@ -11,13 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from harnessrl.controller import control
-from harnessrl.controller.artifacts import object_name
 from harnessrl.controller.launchers import ExitStatus
 from harnessrl.controller.records import EpisodeRecord
 from harnessrl.controller.run import RunDriver
 from harnessrl.controller.settings import ControllerSettings
-from harnessrl.shared import subjects
+from harnessrl.shared import control, subjects
 from harnessrl.shared.bus import Bus
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.keys import KeyError_, verify_episode_key
@@ -79,7 +77,7 @@ class ByoEpisodes:
             raise control.ControlError(f"episode {claims.episode!r} is already {record.phase}")
         data = request.artifact()
         if data:
-            name = object_name(claims.run, claims.episode, request.kind)
+            name = subjects.artifact_object(claims.run, claims.episode, request.kind)
             await self._bus.put_object(subjects.ARTIFACTS_BUCKET, name, data)
         self._disarm(claims.episode)
         await driver.book.exited(claims.episode, ExitStatus(outcome="exited", exit_code=request.exit_code))

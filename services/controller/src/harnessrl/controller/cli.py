@@ -11,20 +11,16 @@ import asyncio
 import base64
 import json
 import os
-import socket
 import sys
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from harnessrl.controller import control
 from harnessrl.controller.tasks import TaskFileError, load_tasks
+from harnessrl.shared import control, net
 from harnessrl.shared.log import configure_logging
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
-
-DEFAULT_NATS = "nats://127.0.0.1:4222"
 
 
 class CommandError(RuntimeError):
@@ -63,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _bus_options(parser: argparse.ArgumentParser) -> None:
-    default = os.environ.get("HRL_NATS_URL") or os.environ.get("HRL_CONTROLLER_NATS_URL") or DEFAULT_NATS
+    env = os.environ
+    default = env.get("HRL_NATS_URL") or env.get("HRL_CONTROLLER_NATS_URL") or net.DEFAULT_NATS_URL
     parser.add_argument("--nats", default=default, help=f"NATS URL (default {default})")
     parser.add_argument("--json", action="store_true", help="print the reply as JSON")
     parser.add_argument("--timeout", type=float, default=15.0)
@@ -75,13 +72,12 @@ def _cmd_controller(args: argparse.Namespace) -> int:
     return run(args.config)
 
 
-def probe_nats(url: str) -> None:
+async def probe_nats(url: str) -> None:
     """Fail fast with a clear sentence when nothing listens at the NATS URL (the client would retry)."""
-    parsed = urllib.parse.urlsplit(url)
     try:
-        socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 4222), timeout=3).close()
-    except OSError as exc:
-        raise CommandError(f"cannot connect to NATS at {url}: {exc.strerror or exc}") from exc
+        await net.probe_nats(url, timeout_s=3.0)
+    except net.NatsUnreachable as exc:
+        raise CommandError(str(exc)) from exc
 
 
 async def ask(nats: str, verb: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -89,7 +85,7 @@ async def ask(nats: str, verb: str, payload: dict[str, Any], timeout: float) -> 
     # Imported here, after logging is configured: the bus binds its loggers at import time.
     from harnessrl.shared.bus import BusError, NatsBus
 
-    probe_nats(nats)
+    await probe_nats(nats)
     bus = NatsBus(nats, name="harnessrl-cli")
     try:
         await asyncio.wait_for(bus.connect(), timeout)

@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from harnessrl.controller import control
 from harnessrl.controller.byo import ByoEpisodes
 from harnessrl.controller.launchers import Launcher, LaunchError
 from harnessrl.controller.launchers.kube import KubeLauncher, api_client
@@ -18,7 +17,7 @@ from harnessrl.controller.run import RunDriver
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.controller.store import EpisodeStore
 from harnessrl.controller.tasks import TaskFileError, load_tasks
-from harnessrl.shared import subjects
+from harnessrl.shared import control, subjects
 from harnessrl.shared.bus import Bus, Subscription
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.log import get_logger

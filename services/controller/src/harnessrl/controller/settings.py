@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from harnessrl.shared.net import DEFAULT_NATS_URL
 from harnessrl.shared.settings import SettingsError, load_settings
 
 ENV_PREFIX = "HRL_CONTROLLER_"
@@ -15,7 +16,7 @@ ENV_PREFIX = "HRL_CONTROLLER_"
 class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How the controller reaches the bus, the gateway and the cluster."""
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = DEFAULT_NATS_URL
     # HMAC secret shared with the gateway; episode keys are signed with it. Required outside tests.
     key_secret: str = ""
     # Base URL harnesses use for the model API (the gateway), without `/v1`.

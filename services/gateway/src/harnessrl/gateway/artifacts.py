@@ -14,17 +14,12 @@ from harnessrl.gateway.asgi import Receive, Scope, Send, header, read_body, resp
 from harnessrl.gateway.errors import BadRequest, Unavailable
 from harnessrl.gateway.runtime import Gateway
 from harnessrl.shared.keys import EpisodeClaims
-from harnessrl.shared.subjects import ARTIFACTS_BUCKET
+from harnessrl.shared.subjects import ARTIFACTS_BUCKET, artifact_object
 
 PATH = "/harnessrl/v1/artifact"
 KINDS = frozenset({"patch", "answer", "file"})
 
 _encoder = msgspec.json.Encoder()
-
-
-def object_name(claims: EpisodeClaims, kind: str) -> str:
-    """Where an episode's artifact of `kind` is stored."""
-    return f"{claims.run}/{claims.episode}/{kind}"
 
 
 async def upload(gateway: Gateway, claims: EpisodeClaims, scope: Scope, receive: Receive, send: Send) -> int:
@@ -33,7 +28,7 @@ async def upload(gateway: Gateway, claims: EpisodeClaims, scope: Scope, receive:
     if kind not in KINDS:
         raise BadRequest(f"X-Artifact-Kind must be one of {', '.join(sorted(KINDS))}")
     data = await read_body(scope, receive, gateway.settings.max_artifact_bytes)
-    name = object_name(claims, kind)
+    name = artifact_object(claims.run, claims.episode, kind)
     try:
         await gateway.bus.put_object(ARTIFACTS_BUCKET, name, data)
     except Exception as exc:

@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
+from harnessrl.shared.net import DEFAULT_NATS_URL, VLLM_CLIENT_KEEPALIVE_S
 from harnessrl.shared.settings import SettingsError, load_settings
-from harnessrl.shared.vllm import CLIENT_KEEPALIVE_S
 
 ENV_PREFIX = "HRL_GATEWAY_"
 
@@ -22,7 +22,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     key_secret: str = ""
     # Bearer token of the admin routes (pause/resume/upstreams/status); empty disables them.
     admin_token: str = ""
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = DEFAULT_NATS_URL
     # vLLM replicas known at start; more arrive as UpstreamRegistration messages on the bus.
     upstreams: list[str] = msgspec.field(default_factory=list)
     # The policy's served model name; every request's `model` is set to it ("" keeps the client's).
@@ -38,7 +38,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     # An idle connection to a replica is not reused after this long; below the replica's own
     # keep-alive, else a call can go out on a connection the replica is closing, fail (502) and,
     # three at once, take the replica off the ring (seen in `make demo`).
-    upstream_keepalive_s: float = CLIENT_KEEPALIVE_S
+    upstream_keepalive_s: float = VLLM_CLIENT_KEEPALIVE_S
     # A sampling call can legitimately run for minutes; this bounds a stuck upstream.
     read_timeout_s: float = 600.0
     # A replica that fails this many calls in a row leaves the ring until a health check passes.

@@ -11,13 +11,14 @@ import msgspec
 from harnessrl.reward.grading import GradingContext
 from harnessrl.reward.swe.rules import GradingRules
 from harnessrl.reward.swe.sandbox import SandboxLimits
+from harnessrl.shared.net import DEFAULT_NATS_URL
 from harnessrl.shared.settings import load_settings
 
 
 class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Every knob of the reward service, with the reason for each default."""
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = DEFAULT_NATS_URL
     # One durable shared by all workers: JetStream hands each event to exactly one of them.
     durable: str = "reward"
     # Which runs this worker grades (a subject token or `*`).

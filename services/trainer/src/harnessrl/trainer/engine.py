@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +34,7 @@ from verl.workers.engine_workers import TrainingWorker
 from verl.workers.utils.padding import no_padding_2_padding
 
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.net import free_port
 from harnessrl.trainer.batch import RowBatch, probe_tensordict, to_tensordict
 from harnessrl.trainer.loss import LossSettings, actor_config, rollout_normalized_loss
 from harnessrl.trainer.samples import TrainingRow
@@ -79,12 +79,6 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True):
     torch_threads: int = 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _quiet_verl_checkpoint_logs() -> None:
     """Verl logs every checkpoint file it writes at INFO; one checkpoint per step is routine."""
     logging.getLogger(fsdp_checkpoint_manager.__file__).setLevel(logging.WARNING)
@@ -102,7 +96,7 @@ def ensure_process_group() -> None:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         dist.init_process_group(backend=backend)
         return
-    port = _free_port()
+    port = free_port()
     os.environ.update(
         RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )

@@ -1,7 +1,7 @@
 """Client for one vLLM replica's admin routes: weight reload, weight version, pause, probes.
 
 The routes exist only when the replica runs with `VLLM_SERVER_DEV_MODE=1` (as
-`harnessrl.shared.vllm.VllmServer` starts it). On CPU, weight sync is a checkpoint reload:
+`harnessrl.stack.vllm.VllmServer` starts it). On CPU, weight sync is a checkpoint reload:
 `reload_from` asks every worker to `reload_weights` from a directory in Hugging Face format, then
 drops the prefix cache so no KV computed with the old weights is reused. The reload only takes
 effect with the `harnessrl.trainer.vllm_plugin` plugin installed (see its docstring), so callers
@@ -19,7 +19,7 @@ import aiohttp
 import msgspec
 
 from harnessrl.shared.log import get_logger
-from harnessrl.shared.vllm import CLIENT_KEEPALIVE_S
+from harnessrl.shared.net import VLLM_CLIENT_KEEPALIVE_S
 
 PauseMode = Literal["abort", "wait", "keep"]
 _log = get_logger(__name__)
@@ -71,7 +71,7 @@ class VllmReplica:
         self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
     ) -> Any:
         if self._session is None:
-            connector = aiohttp.TCPConnector(keepalive_timeout=CLIENT_KEEPALIVE_S)
+            connector = aiohttp.TCPConnector(keepalive_timeout=VLLM_CLIENT_KEEPALIVE_S)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         url = f"{self.base_url}{path}"
         async with self._session.request(method, url, json=json, params=params) as response:

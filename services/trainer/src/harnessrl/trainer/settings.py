@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from harnessrl.shared.net import DEFAULT_NATS_URL
 from harnessrl.shared.settings import load_settings
 from harnessrl.trainer.advantages import AdvantageSettings
 from harnessrl.trainer.assembly import PoolSettings
@@ -25,7 +26,7 @@ class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
     model_dir: str
     # Step directories and the `latest` pointer live here (a persistent volume in a cluster).
     checkpoint_dir: str = ".harnessrl/trainer"
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = DEFAULT_NATS_URL
     # vLLM replicas (base URLs without /v1) updated after every step, and their served model name.
     replicas: list[str] = msgspec.field(default_factory=list)
     served_model: str = "tiny"

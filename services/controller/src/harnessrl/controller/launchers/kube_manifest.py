@@ -18,6 +18,7 @@ from typing import Any
 
 from harnessrl.controller.launchers.base import LaunchRequest
 from harnessrl.shared.contracts import LauncherSpec
+from harnessrl.shared.podpolicy import EPISODE_UID, harden_pod
 
 MANAGED_BY = "harnessrl-controller"
 RUN_LABEL = "harnessrl.io/run"
@@ -25,17 +26,6 @@ EPISODE_LABEL = "harnessrl.io/episode"
 ROLE_LABEL = "harnessrl.io/role"
 CONTAINER = "harness"
 WORKSPACE = "/workspace"
-_UID = 65532
-_RESTRICTED_CONTAINER: dict[str, Any] = {
-    "allowPrivilegeEscalation": False,
-    "privileged": False,
-    "readOnlyRootFilesystem": True,
-    "runAsNonRoot": True,
-    "runAsUser": _UID,
-    "runAsGroup": _UID,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 
 
 def job_name(run: str, episode: str) -> str:
@@ -135,23 +125,13 @@ def _enforce(job: dict[str, Any], request: LaunchRequest, ttl_s: int) -> None:
         ]
     }
     pod = spec["template"]["spec"]
-    pod["restartPolicy"] = "Never"
-    pod["automountServiceAccountToken"] = False
-    pod["enableServiceLinks"] = False
-    pod["securityContext"] = {
-        "runAsNonRoot": True,
-        "runAsUser": _UID,
-        "runAsGroup": _UID,
-        "fsGroup": _UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
     pod["volumes"] = [v for v in pod.get("volumes", []) if v.get("name") not in ("workspace", "tmp")] + [
         {"name": "workspace", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
     ]
     mounts = [{"name": "workspace", "mountPath": WORKSPACE}, {"name": "tmp", "mountPath": "/tmp"}]  # noqa: S108 - an emptyDir, not the node's /tmp
+    harden_pod(pod, EPISODE_UID)
     for container in (*pod.get("initContainers", []), *pod["containers"]):
-        container["securityContext"] = copy.deepcopy(_RESTRICTED_CONTAINER)
         limits = container.setdefault("resources", {}).get("limits") or {}
         container["resources"] = {"requests": dict(limits), "limits": dict(limits)}
         container["volumeMounts"] = mounts

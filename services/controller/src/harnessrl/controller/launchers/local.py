@@ -32,6 +32,7 @@ from harnessrl.controller.launchers.base import (
 from harnessrl.controller.launchers.forkserver import ForkServer, ForkServerError
 from harnessrl.controller.launchers.process import ProcessFacts, alive, process_facts
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.signals import signal_group
 
 # Environment the harness must never inherit from the controller (bus and signing credentials).
 _PRIVATE_ENV_PREFIXES = ("HRL_", "NATS_")
@@ -208,7 +209,7 @@ class LocalLauncher(Launcher):
             status = ExitStatus(outcome="timeout", reason="deadline reached; harness stopped")
         else:
             status = _status_from_code(code)
-        _kill_group(process.pid, signal.SIGKILL)
+        signal_group(process.pid, signal.SIGKILL)
         await self._finish(episode, status)
 
     async def _adopt(self, episode: str, facts: ProcessFacts) -> None:
@@ -229,12 +230,12 @@ class LocalLauncher(Launcher):
         self, pid: int, ended: Callable[[], bool], sig: signal.Signals = signal.SIGTERM
     ) -> None:
         """Send `sig` to the group, wait up to the grace period for the end, then SIGKILL."""
-        _kill_group(pid, sig)
+        signal_group(pid, sig)
         stop_at = time.monotonic() + self._grace
         # A process we did not start has no wait handle: poll /proc until it is gone.
         while time.monotonic() < stop_at and not ended():  # noqa: ASYNC110
             await asyncio.sleep(0.05)
-        _kill_group(pid, signal.SIGKILL)
+        signal_group(pid, signal.SIGKILL)
 
     async def _finish(self, episode: str, status: ExitStatus) -> None:
         folder = self.episode_dir(episode)
@@ -267,8 +268,3 @@ def _status_from_code(code: int) -> ExitStatus:
     if code < 0:
         return ExitStatus(outcome="infra", exit_code=code, reason=f"killed by signal {-code}")
     return ExitStatus(outcome="exited", exit_code=code)
-
-
-def _kill_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

@@ -25,6 +25,7 @@ from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.patchfile import InvalidPatchError, Patch, parse_patch
 from harnessrl.reward.swe.pipeline import resolve_output
 from harnessrl.reward.swe.workspace import CONFIG_NAMES, TEST_DIRS
+from harnessrl.shared.podpolicy import GRADING_UID, harden_pod
 
 GRADING_LABEL = "harnessrl.io/component"
 _NAME = re.compile(r"[^a-z0-9-]+")
@@ -92,13 +93,6 @@ def _container(instance: SweInstance, timeout_s: float, cpu: str, memory: str) -
             "requests": {"cpu": cpu, "memory": memory},
             "limits": {"cpu": cpu, "memory": memory, "ephemeral-storage": "2Gi"},
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
         "volumeMounts": [
             {"name": "grading", "mountPath": "/grading", "readOnly": True},
             {"name": "work", "mountPath": "/work"},
@@ -119,19 +113,6 @@ def grading_job(
     """The hardened grading Job (pair it with `config_map` of the same name)."""
     labels = {GRADING_LABEL: "reward-grading", "harnessrl.io/network": "none"}
     pod_spec = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "hostNetwork": False,
-        "hostPID": False,
-        "hostIPC": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65534,
-            "runAsGroup": 65534,
-            "fsGroup": 65534,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
         "containers": [_container(instance, timeout_s, cpu, memory)],
         "volumes": [
             {"name": "grading", "configMap": {"name": name, "defaultMode": 0o444}},
@@ -147,7 +128,7 @@ def grading_job(
             "backoffLimit": 0,
             "activeDeadlineSeconds": int(timeout_s),
             "ttlSecondsAfterFinished": 300,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": {"labels": labels}, "spec": harden_pod(pod_spec, GRADING_UID)},
         },
     }
 

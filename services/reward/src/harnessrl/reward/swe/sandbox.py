@@ -10,10 +10,8 @@ own process group killed whole on timeout, and output capped by the file-size li
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import resource
-import signal
 import subprocess
 import time
 from functools import cache
@@ -22,6 +20,7 @@ from pathlib import Path
 import msgspec
 
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.signals import signal_group
 
 NOBODY = 65534
 _log = get_logger("harnessrl.reward.sandbox")
@@ -138,9 +137,9 @@ async def run_sandboxed(
             exit_code = await asyncio.wait_for(process.wait(), timeout=limits.timeout_s)
         except TimeoutError:
             timed_out = True
-            _kill_group(process.pid)
+            signal_group(process.pid)
             exit_code = await process.wait()
-    _kill_group(process.pid)  # leftovers a test may have spawned in the background
+    signal_group(process.pid)  # leftovers a test may have spawned in the background
     return RunResult(
         exit_code=exit_code,
         timed_out=timed_out,
@@ -148,8 +147,3 @@ async def run_sandboxed(
         network_isolated=isolated,
         unprivileged=unprivileged,
     )
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)

@@ -1,1 +1,0 @@
-"""Test doubles for what cannot run on a build machine (a Kubernetes API server)."""

@@ -1,1 +1,0 @@
-"""Pytest fixtures shared by every package's tests (loaded through the pytest11 entry point)."""

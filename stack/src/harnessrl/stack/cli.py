@@ -1,0 +1,214 @@
+"""The `harnessrl` command.
+
+`up` and `status` live here; every service adds its own subcommands through the entry point group
+`harnessrl.commands` (a `register(subparsers)` callable), so this module never imports a service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from harnessrl.shared.bus import BusError
+from harnessrl.shared.log import configure_logging
+from harnessrl.shared.runspec import RunSpecError, load_run_spec
+from harnessrl.stack.local import LocalStack, StackPorts
+from harnessrl.stack.natsserver import NatsServerError
+from harnessrl.stack.supervisor import SupervisorError, pid_alive, read_state
+from harnessrl.stack.train import TrainError, TrainSession
+from harnessrl.stack.vllm import VllmServerError
+
+console = Console(stderr=True)
+
+
+def home_dir(path: str | None) -> Path:
+    """The local state folder (`.harnessrl` in the working directory by default)."""
+    home = Path(path or ".harnessrl").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start nats-server, gateway, reward, controller (vLLM with --model, a run's trainer with --trainer).
+
+    Supervises them until Ctrl-C.
+    """
+    spec = None
+    if args.trainer:
+        try:
+            spec = load_run_spec(args.trainer)
+        except RunSpecError as exc:
+            console.print(f"[red]bad run spec:[/] {exc}")
+            return 2
+        if not args.model:
+            console.print("[red]error:[/] --trainer needs --model (the policy it trains and vLLM serves)")
+            return 2
+    stack = LocalStack(home_dir(args.home), StackPorts(nats=args.nats_port, gateway=args.gateway_port))
+    try:
+        stack.start_nats()
+        if args.model:
+            stack.start_vllm(Path(args.model))
+        stack.start_gateway()
+        stack.start_reward(Path(spec.tasks).parent if spec else None)
+        stack.start_controller()
+        if spec is not None:
+            stack.start_trainer(spec, Path(args.model))
+        trains = f", trainer for run {spec.run}" if spec else ""
+        console.print(
+            f"[green]up[/]: nats {stack.nats_url}, gateway {stack.gateway_url}{trains}; Ctrl-C stops"
+        )
+        while True:
+            stack.check()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        console.print("stopping")
+        return 0
+    except (SupervisorError, NatsServerError, VllmServerError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    finally:
+        stack.stop()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Run (or submit) a training run and follow it to the end."""
+    try:
+        spec = load_run_spec(args.spec)
+    except RunSpecError as exc:
+        console.print(f"[red]bad run spec:[/] {exc}")
+        return 2
+    local_only = [flag for flag in ("model", "nats_port", "gateway_port") if getattr(args, flag)]
+    if args.nats_url and local_only:
+        flags = ", ".join("--" + flag.replace("_", "-") for flag in local_only)
+        console.print(
+            f"[red]error:[/] {flags} only apply to local runs: with --nats-url the deployment's "
+            "trainer and vLLM serve their own model"
+        )
+        return 2
+    ports = StackPorts(nats=args.nats_port, gateway=args.gateway_port)
+    model = Path(args.model) if args.model else None
+    session = TrainSession(spec, home_dir(args.home), model_dir=model, nats_url=args.nats_url, ports=ports)
+    try:
+        session.start_stack()
+        progress = asyncio.run(session.follow())
+        console.print(f"plot: {session.finish()}")
+        sys.stdout.write(
+            json.dumps({"run": spec.run, "steps": progress.step, "version": progress.version}) + "\n"
+        )
+        if progress.step < spec.max_steps:
+            console.print(
+                f"[red]error:[/] the trainer of run {spec.run} stopped at step {progress.step} (its own "
+                f"max_steps), short of this spec's {spec.max_steps}: raise the deployment trainer's max_steps"
+            )
+            return 1
+        return 0
+    except KeyboardInterrupt:
+        console.print("stopped; run the same command again to resume")
+        return 130
+    except (TrainError, SupervisorError, NatsServerError, VllmServerError, BusError, OSError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    finally:
+        session.stop()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The built-in demo; exits non-zero when the held-out score does not improve enough."""
+    from harnessrl.stack.demo.run import DemoSettings, run_demo
+
+    settings = DemoSettings(steps=args.steps, warm_steps=args.warm_steps)
+    try:
+        summary = run_demo(home_dir(args.home), settings)
+    except KeyboardInterrupt:
+        console.print("stopped")
+        return 130
+    except (TrainError, SupervisorError, NatsServerError, VllmServerError, BusError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    ok = summary["improvement"] >= settings.improvement_floor and (
+        summary["sampled_after"] - summary["sampled_before"] >= settings.sampled_floor
+    )
+    if not ok:
+        console.print("[red]the held-out score did not improve as expected[/]")
+    sys.stdout.write(json.dumps(summary) + "\n")
+    return 0 if ok else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Show what a local `harnessrl up` runs."""
+    states = read_state(home_dir(args.home))
+    if not states:
+        console.print("nothing is running (no .harnessrl/up.json)")
+        return 1
+    table = Table("service", "pid", "alive", "url", "restarts", "log")
+    for s in states:
+        table.add_row(s.name, str(s.pid), "yes" if pid_alive(s.pid) else "NO", s.url, str(s.restarts), s.log)
+    Console().print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: built-in commands plus every service's registered ones."""
+    parser = argparse.ArgumentParser(prog="harnessrl", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="run NATS and every service locally (Ctrl-C stops)")
+    up.add_argument("--home", default=None, help="state folder (default .harnessrl)")
+    up.add_argument("--nats-port", type=int, default=0)
+    up.add_argument("--gateway-port", type=int, default=0)
+    up.add_argument("--model", default=None, help="also serve this model folder with vLLM on the CPU")
+    up.add_argument(
+        "--trainer",
+        default=None,
+        metavar="SPEC",
+        help="also run the trainer for this run spec's run on --model (then submit it with "
+        "`harnessrl train SPEC --nats-url ...`)",
+    )
+    up.set_defaults(func=cmd_up)
+    status = sub.add_parser("status", help="what `harnessrl up` runs where")
+    status.add_argument("--home", default=None)
+    status.set_defaults(func=cmd_status)
+    train = sub.add_parser(
+        "train", help="run a training job locally (or submit it with --nats-url) and follow it"
+    )
+    train.add_argument("spec", help="run spec (.toml, .yaml or .json)")
+    train.add_argument(
+        "--model", default=None, help="policy model folder of a local run (default: the spec's `model`)"
+    )
+    train.add_argument(
+        "--nats-url",
+        default=None,
+        help="submit to an existing deployment and follow (starts nothing; it trains its own model)",
+    )
+    train.add_argument("--home", default=None)
+    train.add_argument("--nats-port", type=int, default=0)
+    train.add_argument("--gateway-port", type=int, default=0)
+    train.set_defaults(func=cmd_train)
+    demo = sub.add_parser("demo", help="the built-in run that shows learning on the CPU")
+    demo.add_argument("--home", default=None)
+    demo.add_argument("--steps", type=int, default=15)
+    demo.add_argument("--warm-steps", type=int, default=800)
+    demo.set_defaults(func=cmd_demo)
+    for ep in sorted(entry_points(group="harnessrl.commands"), key=lambda e: e.name):
+        ep.load()(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `harnessrl` command."""
+    args = build_parser().parse_args(argv)
+    configure_logging("console", args.log_level)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The embedded local deployment: nats-server, vLLM on the CPU and every service as processes.
+
+`LocalStack` is what `harnessrl up`, `harnessrl train` and `harnessrl demo` run, and what the
+end-to-end tests use. Every service gets its settings through its own `HRL_<SERVICE>_*` variables;
+the episode-key secret is generated once per state folder and never leaves this machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import secrets
+import sys
+from pathlib import Path
+
+import msgspec
+
+from harnessrl.shared.contracts import RunSpec
+from harnessrl.shared.log import get_logger
+from harnessrl.shared.net import free_port
+from harnessrl.stack.natsserver import NatsServer
+from harnessrl.stack.supervisor import ProcessSpec, Supervisor
+from harnessrl.stack.vllm import VllmServer
+
+log = get_logger("harnessrl.local")
+SERVED_MODEL = "policy"
+
+
+class StackPorts(msgspec.Struct, kw_only=True):
+    """Ports of the local deployment; 0 picks a free one."""
+
+    nats: int = 0
+    gateway: int = 0
+    vllm: int = 0
+
+
+def secret_file(home: Path, name: str) -> str:
+    """A random secret stored in the state folder (mode 0600), created on first use."""
+    path = home / f"{name}.secret"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+class LocalStack:
+    """Start and stop the local deployment in dependency order."""
+
+    def __init__(self, home: Path, ports: StackPorts | None = None, *, nats_url: str | None = None) -> None:
+        self.home = home.resolve()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.ports = ports or StackPorts()
+        self.supervisor = Supervisor(self.home)
+        self.external_nats = nats_url
+        self.nats: NatsServer | None = None
+        self.vllm: VllmServer | None = None
+        self.gateway_port = self.ports.gateway or free_port()
+
+    @functools.cached_property
+    def key_secret(self) -> str:
+        """Signs episode keys (created when the local services first need it)."""
+        return secret_file(self.home, "episode-key")
+
+    @functools.cached_property
+    def admin_token(self) -> str:
+        """The local gateway's admin token."""
+        return secret_file(self.home, "gateway-admin")
+
+    @property
+    def nats_url(self) -> str:
+        """Where the bus is."""
+        if self.external_nats:
+            return self.external_nats
+        if self.nats is None:
+            raise RuntimeError("nats-server is not started")
+        return self.nats.url
+
+    @property
+    def gateway_url(self) -> str:
+        """The gateway's base URL (harnesses use `<url>/v1`)."""
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def start_nats(self) -> None:
+        """Start the embedded nats-server unless an external URL was given."""
+        if self.external_nats:
+            return
+        self.nats = NatsServer(
+            self.home / "nats", port=self.ports.nats, log_file=self.home / "logs" / "nats-server.log"
+        )
+        self.nats.start()
+
+    def start_vllm(self, model_dir: Path) -> VllmServer:
+        """Serve the policy with vLLM on the CPU (blocks until healthy)."""
+        self.vllm = VllmServer(
+            model_dir,
+            served_model_name=SERVED_MODEL,
+            port=self.ports.vllm,
+            max_model_len=4096,
+            # Marks vLLM and its engine processes as this state folder's (as every service is).
+            env={"HRL_HOME": str(self.home)},
+            log_file=self.home / "logs" / "vllm.log",
+        )
+        self.vllm.start()
+        return self.vllm
+
+    def _env(self, service: str, values: dict[str, object]) -> dict[str, str]:
+        prefix = f"HRL_{service.upper()}_"
+        env = {"HRL_HOME": str(self.home), f"{prefix}NATS_URL": self.nats_url}
+        for name, value in values.items():
+            env[prefix + name.upper()] = value if isinstance(value, str) else json.dumps(value)
+        return env
+
+    def _start(self, service: str, values: dict[str, object], ready_url: str | None = None) -> None:
+        spec = ProcessSpec(
+            name=service,
+            argv=[sys.executable, "-m", f"harnessrl.{service}"],
+            env=self._env(service, values),
+            ready_url=ready_url,
+            url=self.gateway_url if service == "gateway" else "",
+        )
+        self.supervisor.start(spec)
+
+    def start_gateway(self) -> None:
+        """The gateway in front of the local vLLM replica (a run's sampling comes with its episodes)."""
+        upstreams = [self.vllm.url] if self.vllm else []
+        values: dict[str, object] = {
+            "port": self.gateway_port,
+            "key_secret": self.key_secret,
+            "admin_token": self.admin_token,
+            "upstreams": upstreams,
+            "served_model": SERVED_MODEL,
+        }
+        self._start("gateway", values, ready_url=f"{self.gateway_url}/healthz")
+
+    def start_reward(self, tasks_root: Path | None = None) -> None:
+        """One reward worker; relative task repository paths resolve against `tasks_root`."""
+        self._start("reward", {"tasks_root": str(tasks_root)} if tasks_root else {})
+
+    def start_controller(self) -> None:
+        """The controller, launching harnesses locally against our gateway."""
+        values: dict[str, object] = {
+            "key_secret": self.key_secret,
+            "gateway_url": self.gateway_url,
+            "state_dir": str(self.home / "controller"),
+        }
+        self._start("controller", values)
+
+    def start_trainer(self, spec: RunSpec, model_dir: Path, **overrides: object) -> None:
+        """The run's trainer, updating the local vLLM replica after every step."""
+        values: dict[str, object] = {
+            "run": spec.run,
+            "model_dir": str(model_dir),
+            "checkpoint_dir": str(self.home / "runs" / spec.run / "checkpoints"),
+            "replicas": [self.vllm.url] if self.vllm else [],
+            "served_model": SERVED_MODEL,
+            "mode": spec.mode,
+            "staleness": spec.staleness,
+            "batch_groups": spec.batch_tasks,
+            "max_steps": spec.max_steps,
+            "tensorboard_dir": str(self.home / "runs" / spec.run / "tensorboard"),
+            # The trainer shares the cores with vLLM: extra OpenMP threads only spin.
+            "engine": {"torch_threads": 1},
+            **overrides,
+        }
+        self._start("trainer", values)
+
+    def check(self) -> None:
+        """Restart crashed services (raises when one keeps crashing)."""
+        self.supervisor.check(on_crash=lambda name, _tail: log.warning("service.restarted", name=name))
+
+    def stop(self) -> None:
+        """Stop services, then vLLM, then NATS."""
+        self.supervisor.stop()
+        if self.vllm is not None:
+            self.vllm.stop()
+        if self.nats is not None:
+            self.nats.stop()

@@ -1,0 +1,39 @@
+"""The harnessrl pytest plugin: a real nats-server per session and a connected bus per test.
+
+Model and vLLM fixtures live in `model_fixtures` and are re-exported here, so every package's tests
+get `nats_server`, `bus`, `tiny_model` and `vllm_server` without a conftest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from harnessrl.shared.bus import NatsBus
+from harnessrl.stack.natsserver import NatsServer
+from harnessrl.testkit.model_fixtures import tiny_model, vllm_server
+
+__all__ = ["bus", "nats_server", "tiny_model", "vllm_server"]
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """A real nats-server with JetStream on a temporary file store, for the whole session."""
+    server = NatsServer(Path(tmp_path_factory.mktemp("nats")))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def bus(nats_server: NatsServer) -> AsyncIterator[NatsBus]:
+    """A connected NatsBus with every harnessrl stream ensured."""
+    if nats_server.process is None or nats_server.process.poll() is not None:
+        nats_server.start()
+    client = NatsBus(nats_server.url, publish_retry_s=15.0)
+    await client.connect()
+    await client.ensure_streams()
+    yield client
+    await client.close()
