@@ -16,7 +16,8 @@ from harnessrl.controller.launchers.kube_manifest import job_name
 from harnessrl.controller.run import RunDriver
 from harnessrl.controller.service import Controller
 from harnessrl.controller.settings import ControllerSettings
-from harnessrl.shared import control, subjects
+from harnessrl.shared import control_api as control
+from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import (
     LauncherSpec,

@@ -13,7 +13,8 @@ from typing import Any
 
 import aiohttp
 
-from harnessrl.shared import control, subjects
+from harnessrl.shared import control_api as control
+from harnessrl.shared import subjects
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import RolloutComplete, decode, decode_event
 from harnessrl.testkit.artifact_sink import ArtifactSink

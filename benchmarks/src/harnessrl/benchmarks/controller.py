@@ -20,7 +20,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harnessrl.shared import control, subjects
+from harnessrl.shared import control_api as control
+from harnessrl.shared import subjects
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import decode_event
 from harnessrl.shared.net import free_port

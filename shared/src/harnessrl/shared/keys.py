@@ -17,19 +17,19 @@ import msgspec
 PREFIX = "hrl_"
 
 
-class KeyError_(ValueError):
+class EpisodeKeyError(ValueError):
     """Base of key verification failures (kept distinct from the builtin KeyError)."""
 
 
-class InvalidKeyError(KeyError_):
+class InvalidKeyError(EpisodeKeyError):
     """Malformed or tampered key."""
 
 
-class ExpiredKeyError(KeyError_):
+class ExpiredKeyError(EpisodeKeyError):
     """The key's expiry has passed."""
 
 
-class WrongRunError(KeyError_):
+class WrongRunError(EpisodeKeyError):
     """The key belongs to another run."""
 
 
@@ -62,7 +62,7 @@ def sign_episode_key(secret: bytes, run: str, episode: str, ttl_s: float) -> str
 def verify_episode_key(
     secret: bytes, key: str, *, run: str | None = None, now: float | None = None
 ) -> EpisodeClaims:
-    """Check signature, expiry and (optionally) run; raise a `KeyError_` subclass on failure."""
+    """Check signature, expiry and (optionally) run; raise a `EpisodeKeyError` subclass on failure."""
     if not key.startswith(PREFIX) or key.count(".") != 1:
         raise InvalidKeyError("malformed episode key")
     body, sig = key[len(PREFIX) :].split(".")

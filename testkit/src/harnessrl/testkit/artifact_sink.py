@@ -13,7 +13,7 @@ from aiohttp import web
 
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus
-from harnessrl.shared.keys import KeyError_, verify_episode_key
+from harnessrl.shared.keys import EpisodeKeyError, verify_episode_key
 
 MAX_ARTIFACT_BYTES = 16 * 1024 * 1024
 
@@ -48,7 +48,7 @@ class ArtifactSink:
         token = request.headers.get("Authorization", "").removeprefix("Bearer ")
         try:
             claims = verify_episode_key(self._secret, token)
-        except KeyError_ as exc:
+        except EpisodeKeyError as exc:
             return web.json_response({"error": str(exc)}, status=401)
         kind = request.headers.get("X-Artifact-Kind", "answer")
         if kind not in ("patch", "answer"):

@@ -15,10 +15,11 @@ from harnessrl.controller.launchers import ExitStatus
 from harnessrl.controller.records import EpisodeRecord
 from harnessrl.controller.run import RunDriver
 from harnessrl.controller.settings import ControllerSettings
-from harnessrl.shared import control, subjects
+from harnessrl.shared import control_api as control
+from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus
 from harnessrl.shared.ids import new_id
-from harnessrl.shared.keys import KeyError_, verify_episode_key
+from harnessrl.shared.keys import EpisodeKeyError, verify_episode_key
 
 
 class ByoEpisodes:
@@ -67,7 +68,7 @@ class ByoEpisodes:
         request: control.CloseRequest = control.parse(payload, control.CloseRequest)
         try:
             claims = verify_episode_key(self._settings.secret, request.key)
-        except KeyError_ as exc:
+        except EpisodeKeyError as exc:
             raise control.ControlError(f"episode key refused: {exc}") from exc
         driver = self._driver(claims.run)
         record = driver.book.records.get(claims.episode)

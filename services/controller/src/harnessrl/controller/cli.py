@@ -18,7 +18,8 @@ from typing import Any
 import msgspec
 
 from harnessrl.controller.tasks import TaskFileError, load_tasks
-from harnessrl.shared import control, net
+from harnessrl.shared import control_api as control
+from harnessrl.shared import net
 from harnessrl.shared.log import configure_logging
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
 

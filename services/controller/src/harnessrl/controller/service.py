@@ -17,7 +17,8 @@ from harnessrl.controller.run import RunDriver
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.controller.store import EpisodeStore
 from harnessrl.controller.tasks import TaskFileError, load_tasks
-from harnessrl.shared import control, subjects
+from harnessrl.shared import control_api as control
+from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus, Subscription
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.log import get_logger

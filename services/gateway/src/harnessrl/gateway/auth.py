@@ -11,7 +11,7 @@ from collections import OrderedDict
 
 from harnessrl.gateway.asgi import Scope, header
 from harnessrl.gateway.errors import Unauthorized
-from harnessrl.shared.keys import EpisodeClaims, KeyError_, verify_episode_key
+from harnessrl.shared.keys import EpisodeClaims, EpisodeKeyError, verify_episode_key
 
 
 class KeyVerifier:
@@ -30,7 +30,7 @@ class KeyVerifier:
         if claims is None:
             try:
                 claims = verify_episode_key(self.secret, key)
-            except KeyError_ as exc:
+            except EpisodeKeyError as exc:
                 raise Unauthorized(str(exc)) from exc
             self._verified[key] = claims
             if len(self._verified) > self.cache_size:
