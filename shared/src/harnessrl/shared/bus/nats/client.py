@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import nats
@@ -28,43 +27,28 @@ from harnessrl.shared.bus.base import (
     ConsumerSpec,
     Delivery,
     Handler,
-    KeyExistsError,
     KeyValue,
-    KvEntry,
     Outgoing,
     PubAck,
     PublishError,
     Responder,
-    RevisionMismatchError,
-    StreamDriftError,
     Subscription,
 )
-from harnessrl.shared.bus.outcome import settle
+from harnessrl.shared.bus.nats.consumers import (
+    DLQ_REASON,
+    MSG_ID,
+    CoreSubscription,
+    PullSubscription,
+    delivery,
+)
+from harnessrl.shared.bus.nats.kv import NatsKeyValue
+from harnessrl.shared.bus.nats.retry import RETRYABLE, retrying
+from harnessrl.shared.bus.nats.streams import check_drift, stream_config
 from harnessrl.shared.contracts import encode
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.subjects import ALL_STREAMS, BucketSpec, StreamSpec, dead_letter
 
-T = TypeVar("T")
-
-log = get_logger("harnessrl.bus")
-
-MSG_ID = "Nats-Msg-Id"
-DLQ_REASON = "Hrl-Dlq-Reason"
-_DELIVER = {
-    "all": api.DeliverPolicy.ALL,
-    "new": api.DeliverPolicy.NEW,
-    "last_per_subject": api.DeliverPolicy.LAST_PER_SUBJECT,
-}
-_RETRYABLE = (
-    asyncio.TimeoutError,
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.OutboundBufferLimitError,
-    nats.js.errors.NoStreamResponseError,
-    nats.js.errors.ServiceUnavailableError,
-)
+log = get_logger(__name__)
 
 
 class NatsBus(Bus):
@@ -159,9 +143,9 @@ class NatsBus(Bus):
             try:
                 info = await self.js.stream_info(spec.name)
             except nats.js.errors.NotFoundError:
-                await self.js.add_stream(_stream_config(spec))
+                await self.js.add_stream(stream_config(spec))
                 continue
-            _check_drift(spec, info.config)
+            check_drift(spec, info.config)
 
     # --- publishing ------------------------------------------------------------------------------
 
@@ -179,7 +163,7 @@ class NatsBus(Bus):
             ack = await self.js.publish(subject, payload, timeout=timeout, headers={MSG_ID: msg_id})
             return PubAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
 
-        return await _retrying(
+        return await retrying(
             self.publish_retry_s if budget_s is None else budget_s,
             attempt,
             lambda exc: PublishError(f"publish to {subject} not acknowledged: {exc!r}"),
@@ -192,7 +176,7 @@ class NatsBus(Bus):
         for subject, payload, msg_id in payloads:
             try:
                 futures.append(await self.js.publish_async(subject, payload, headers={MSG_ID: msg_id}))
-            except (*_RETRYABLE, nats.js.errors.TooManyStalledMsgsError):
+            except (*RETRYABLE, nats.js.errors.TooManyStalledMsgsError):
                 futures.append(None)
         done = await _gather_acks(futures, self.publish_timeout_s)
         acks: list[PubAck] = []
@@ -204,7 +188,7 @@ class NatsBus(Bus):
 
     async def subscribe(self, spec: ConsumerSpec, handler: Handler) -> Subscription:
         """Start a pull-consumer loop that settles each message by the handler's outcome."""
-        sub = _PullSubscription(self, spec, handler)
+        sub = PullSubscription(self, spec, handler)
         await sub.start()
         self._subscriptions.append(sub)
         return sub
@@ -231,7 +215,7 @@ class NatsBus(Bus):
             out: list[Delivery] = []
             while len(out) < pending:
                 msgs = await psub.fetch(min(pending - len(out), 512), timeout=5)
-                out.extend(_delivery(m) for m in msgs)
+                out.extend(delivery(m) for m in msgs)
             return out
         finally:
             with contextlib.suppress(nats.errors.Error):
@@ -265,7 +249,7 @@ class NatsBus(Bus):
             bucket = await self.js.key_value(spec.name)
         except nats.js.errors.BucketNotFoundError:
             bucket = await self.js.create_key_value(bucket=spec.name, history=spec.history)
-        return _NatsKeyValue(bucket, self.publish_retry_s)
+        return NatsKeyValue(bucket, self.publish_retry_s)
 
     async def _object_store(self, bucket: str) -> Any:
         try:
@@ -304,221 +288,13 @@ class NatsBus(Bus):
             await msg.respond(await responder(msg.data))
 
         sub = await self.nc.subscribe(subject, queue=queue, cb=on_request)
-        served = _CoreSubscription(sub)
+        served = CoreSubscription(sub)
         self._subscriptions.append(served)
         return served
 
 
-class _Settler:
-    def __init__(self, bus: NatsBus, msg: Msg) -> None:
-        self.bus, self.msg = bus, msg
-
-    async def ack(self) -> None:
-        await self.msg.ack()
-
-    async def nak(self, delay: float) -> None:
-        await self.msg.nak(delay=delay)
-
-    async def term(self, reason: str) -> None:
-        await self.bus.dead_letter(self.msg, reason)
-        await self.msg.term()
-
-
-class _CoreSubscription(Subscription):
-    def __init__(self, sub: Any) -> None:
-        self._sub = sub
-
-    async def stop(self) -> None:
-        with contextlib.suppress(nats.errors.Error):
-            await self._sub.unsubscribe()
-
-
-class _PullSubscription(Subscription):
-    """A fetch loop on one pull consumer; recreates the consumer if the server lost it."""
-
-    def __init__(self, bus: NatsBus, spec: ConsumerSpec, handler: Handler) -> None:
-        self.bus, self.spec, self.handler = bus, spec, handler
-        self._psub: Any = None
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = False
-
-    async def start(self) -> None:
-        await self._bind()
-        self._task = asyncio.create_task(self._run(), name=f"consume:{self.spec.filter_subject}")
-
-    async def _bind(self) -> None:
-        spec = self.spec
-        config = api.ConsumerConfig(
-            ack_policy=api.AckPolicy.EXPLICIT,
-            deliver_policy=_DELIVER[spec.deliver],
-            ack_wait=spec.ack_wait_s,
-            max_deliver=spec.max_deliver,
-            filter_subject=spec.filter_subject,
-            inactive_threshold=None if spec.durable else 60.0,
-            max_ack_pending=max(spec.batch * 4, 256),
-        )
-        self._psub = await self.bus.js.pull_subscribe(
-            spec.filter_subject, durable=spec.durable, stream=spec.stream, config=config
-        )
-
-    async def _run(self) -> None:
-        while not self._stopping:
-            try:
-                msgs = await self._psub.fetch(self.spec.batch, timeout=1.0)
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
-            except nats.js.errors.NotFoundError:
-                await self._rebind()
-                continue
-            except (nats.errors.Error, OSError) as exc:
-                log.warning("consumer.fetch_failed", filter=self.spec.filter_subject, error=str(exc))
-                await asyncio.sleep(0.5)
-                continue
-            for msg in msgs:
-                await settle(_delivery(msg), self.handler, self.spec.max_deliver, _Settler(self.bus, msg))
-
-    async def _rebind(self) -> None:
-        log.info("consumer.rebind", filter=self.spec.filter_subject, durable=self.spec.durable)
-        try:
-            await self._bind()
-        except (nats.errors.Error, OSError) as exc:
-            log.warning("consumer.rebind_failed", error=str(exc))
-            await asyncio.sleep(0.5)
-
-    async def stop(self) -> None:
-        self._stopping = True
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._task), timeout=2.0)
-            if not self._task.done():
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
-        if self._psub is not None:
-            # Ends only our inbox subscription; a durable consumer stays on the server.
-            with contextlib.suppress(nats.errors.Error):
-                await self._psub.unsubscribe()
-
-
-class _NatsKeyValue(KeyValue):
-    """A KV bucket whose calls ride out a lost or late reply within `retry_s`.
-
-    A write whose reply timed out may still have landed. Before retrying, the key is read back: our
-    value at a newer revision means it did (that revision is returned); the revision we wrote against
-    still current means it did not (the write is retried); anything else is someone else's write
-    (`RevisionMismatchError` / `KeyExistsError`). So a slow server never turns into a false conflict.
-    """
-
-    def __init__(self, bucket: Any, retry_s: float) -> None:
-        self._kv = bucket
-        self._retry_s = retry_s
-
-    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        return await _retrying(
-            self._retry_s,
-            lambda _: call(),
-            lambda exc: BusError(f"KV {what} not answered in {self._retry_s:g} s: {exc!r}"),
-        )
-
-    async def get(self, key: str) -> KvEntry | None:
-        return await self._retrying(f"get {key}", lambda: self._get(key))
-
-    async def _get(self, key: str) -> KvEntry | None:
-        try:
-            entry = await self._kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        if entry.value is None:
-            return None
-        return KvEntry(key=key, value=bytes(entry.value), revision=int(entry.revision or 0))
-
-    async def put(self, key: str, value: bytes) -> int:
-        return await self._retrying(f"put {key}", lambda: self._put(key, value))
-
-    async def _put(self, key: str, value: bytes) -> int:
-        return int(await self._kv.put(key, value))
-
-    async def create(self, key: str, value: bytes) -> int:
-        return await self._write(key, value, None)
-
-    async def update(self, key: str, value: bytes, revision: int) -> int:
-        return await self._write(key, value, revision)
-
-    async def _write(self, key: str, value: bytes, revision: int | None) -> int:
-        """Create (`revision` None) or update at `revision`, resolving lost replies by reading back."""
-        uncertain = False
-
-        async def attempt() -> int:
-            nonlocal uncertain
-            if uncertain:
-                stored = await self._get(key)
-                if stored is not None and stored.value == value and stored.revision != revision:
-                    return stored.revision  # the earlier attempt landed
-            uncertain = True
-            try:
-                if revision is None:
-                    result = int(await self._kv.create(key, value))
-                else:
-                    result = int(await self._kv.update(key, value, last=revision))
-            except nats.js.errors.KeyWrongLastSequenceError as exc:
-                stored = await self._get(key)
-                if stored is not None and stored.value == value:
-                    return stored.revision  # ours, written by an attempt whose reply was lost
-                raise (KeyExistsError if revision is None else RevisionMismatchError)(key) from exc
-            uncertain = False
-            return result
-
-        return await self._retrying(f"write {key}", attempt)
-
-    async def delete(self, key: str) -> None:
-        await self._retrying(f"delete {key}", lambda: self._delete(key))
-
-    async def _delete(self, key: str) -> None:
-        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-            await self._kv.delete(key)
-
-    async def keys(self) -> list[str]:
-        return await self._retrying("keys", self._keys)
-
-    async def _keys(self) -> list[str]:
-        try:
-            return list(await self._kv.keys())
-        except nats.js.errors.NoKeysError:
-            return []
-
-
-async def _retrying(
-    budget_s: float, call: Callable[[float], Awaitable[T]], failed: Callable[[Exception], BusError]
-) -> T:
-    """`call(seconds left)` until it answers, retrying lost or late replies within `budget_s`.
-
-    Retries back off from 50 ms to 1 s; once the budget is spent, `failed(last error)` is raised.
-    """
-    deadline = time.monotonic() + budget_s
-    delay = 0.05
-    while True:
-        try:
-            return await call(deadline - time.monotonic())
-        except _RETRYABLE as exc:
-            if time.monotonic() + delay > deadline:
-                raise failed(exc) from exc
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-
 def _has_wildcard(subject: str) -> bool:
     return any(token in ("*", ">") for token in subject.split("."))
-
-
-def _delivery(msg: Msg) -> Delivery:
-    meta = msg.metadata if msg.reply else None
-    return Delivery(
-        subject=msg.subject,
-        data=msg.data,
-        stream_seq=meta.sequence.stream if meta else 0,
-        num_delivered=meta.num_delivered if meta else 1,
-        msg_id=(msg.headers or {}).get(MSG_ID),
-    )
 
 
 async def _gather_acks(
@@ -537,29 +313,3 @@ async def _gather_acks(
         ack = fut.result()
         out.append(PubAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate)))
     return out
-
-
-def _stream_config(spec: StreamSpec) -> api.StreamConfig:
-    return api.StreamConfig(
-        name=spec.name,
-        subjects=list(spec.subjects),
-        storage=api.StorageType(spec.storage),
-        max_age=spec.max_age_s or None,
-        duplicate_window=spec.duplicate_window_s,
-        max_msg_size=spec.max_msg_size,
-    )
-
-
-def _check_drift(spec: StreamSpec, have: api.StreamConfig) -> None:
-    want = _stream_config(spec)
-    diffs = []
-    if sorted(have.subjects or []) != sorted(want.subjects or []):
-        diffs.append(f"subjects {have.subjects} != {want.subjects}")
-    if have.storage != want.storage:
-        diffs.append(f"storage {have.storage} != {want.storage}")
-    if abs((have.duplicate_window or 0) - (want.duplicate_window or 0)) > 1e-3:
-        diffs.append(f"duplicate_window {have.duplicate_window} != {want.duplicate_window}")
-    if abs((have.max_age or 0) - (want.max_age or 0)) > 1e-3:
-        diffs.append(f"max_age {have.max_age} != {want.max_age}")
-    if diffs:
-        raise StreamDriftError(f"stream {spec.name} differs from this build: " + "; ".join(diffs))

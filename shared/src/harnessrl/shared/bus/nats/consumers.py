@@ -1,0 +1,140 @@
+"""JetStream consumers: pull-consumer fetch loops, core subscriptions, and settling each message.
+
+A handler's outcome maps to ack / nak with a delay / term + dead-letter (see `bus.base` and
+`bus.outcome`). A pull consumer the server lost (a restart without its store) is recreated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import api
+
+from harnessrl.shared.bus.base import ConsumerSpec, Delivery, Handler, Subscription
+from harnessrl.shared.bus.outcome import settle
+from harnessrl.shared.log import get_logger
+
+if TYPE_CHECKING:
+    from harnessrl.shared.bus.nats.client import NatsBus
+
+log = get_logger(__name__)
+
+MSG_ID = "Nats-Msg-Id"
+DLQ_REASON = "Hrl-Dlq-Reason"
+DELIVER = {
+    "all": api.DeliverPolicy.ALL,
+    "new": api.DeliverPolicy.NEW,
+    "last_per_subject": api.DeliverPolicy.LAST_PER_SUBJECT,
+}
+
+
+def delivery(msg: Msg) -> Delivery:
+    """A received message as handlers see it (stream seq and delivery count from its ack metadata)."""
+    meta = msg.metadata if msg.reply else None
+    return Delivery(
+        subject=msg.subject,
+        data=msg.data,
+        stream_seq=meta.sequence.stream if meta else 0,
+        num_delivered=meta.num_delivered if meta else 1,
+        msg_id=(msg.headers or {}).get(MSG_ID),
+    )
+
+
+class Settler:
+    """Settles one JetStream message: ack, nak with a delay, or dead-letter then term."""
+
+    def __init__(self, bus: NatsBus, msg: Msg) -> None:
+        self.bus, self.msg = bus, msg
+
+    async def ack(self) -> None:
+        await self.msg.ack()
+
+    async def nak(self, delay: float) -> None:
+        await self.msg.nak(delay=delay)
+
+    async def term(self, reason: str) -> None:
+        await self.bus.dead_letter(self.msg, reason)
+        await self.msg.term()
+
+
+class CoreSubscription(Subscription):
+    """A core NATS subscription (request-reply serving), ended by unsubscribing."""
+
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    async def stop(self) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await self._sub.unsubscribe()
+
+
+class PullSubscription(Subscription):
+    """A fetch loop on one pull consumer; recreates the consumer if the server lost it."""
+
+    def __init__(self, bus: NatsBus, spec: ConsumerSpec, handler: Handler) -> None:
+        self.bus, self.spec, self.handler = bus, spec, handler
+        self._psub: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        await self._bind()
+        self._task = asyncio.create_task(self._run(), name=f"consume:{self.spec.filter_subject}")
+
+    async def _bind(self) -> None:
+        spec = self.spec
+        config = api.ConsumerConfig(
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=DELIVER[spec.deliver],
+            ack_wait=spec.ack_wait_s,
+            max_deliver=spec.max_deliver,
+            filter_subject=spec.filter_subject,
+            inactive_threshold=None if spec.durable else 60.0,
+            max_ack_pending=max(spec.batch * 4, 256),
+        )
+        self._psub = await self.bus.js.pull_subscribe(
+            spec.filter_subject, durable=spec.durable, stream=spec.stream, config=config
+        )
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                msgs = await self._psub.fetch(self.spec.batch, timeout=1.0)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except nats.js.errors.NotFoundError:
+                await self._rebind()
+                continue
+            except (nats.errors.Error, OSError) as exc:
+                log.warning("consumer.fetch_failed", filter=self.spec.filter_subject, error=str(exc))
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                await settle(delivery(msg), self.handler, self.spec.max_deliver, Settler(self.bus, msg))
+
+    async def _rebind(self) -> None:
+        log.info("consumer.rebind", filter=self.spec.filter_subject, durable=self.spec.durable)
+        try:
+            await self._bind()
+        except (nats.errors.Error, OSError) as exc:
+            log.warning("consumer.rebind_failed", error=str(exc))
+            await asyncio.sleep(0.5)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=2.0)
+            if not self._task.done():
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        if self._psub is not None:
+            # Ends only our inbox subscription; a durable consumer stays on the server.
+            with contextlib.suppress(nats.errors.Error):
+                await self._psub.unsubscribe()
