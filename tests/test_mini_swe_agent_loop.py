@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import pytest
 from aiohttp import web
 
-from harnessrl.reward.grading import SCORED_OUTCOMES
+from harnessrl.reward.graders.base import SCORED_OUTCOMES
 from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus

@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 
 from harnessrl.controller.launchers.kube_manifest import job_name
-from harnessrl.controller.run import RunDriver
+from harnessrl.controller.run_driver import RunDriver
 from harnessrl.controller.service import Controller
 from harnessrl.controller.settings import ControllerSettings
-from harnessrl.shared import control_api as control
-from harnessrl.shared import subjects
+from harnessrl.shared import control_api, subjects
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import (
     LauncherSpec,
@@ -180,14 +179,14 @@ async def test_reward_error_is_the_reward_services_terminal_event(harness: Harne
 async def test_sync_mode_waits_for_the_next_weight_version(harness: Harness) -> None:
     driver = await harness.submit(group_size=2, batch_tasks=1, max_steps=2, mode="sync")
     async with asyncio.timeout(60):
-        while len([r for r in driver.book.records.values() if r.terminal]) < 2:
+        while len([r for r in driver.episodes.records.values() if r.terminal]) < 2:
             await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)
-    assert {r.batch for r in driver.book.records.values()} == {0}  # batch 1 is held back
+    assert {r.batch for r in driver.episodes.records.values()} == {0}  # batch 1 is held back
     version = WeightVersion(run=harness.run, version=1, step=1)
     await harness.bus.publish(subjects.weights(harness.run), version, msg_id=f"{harness.run}:v1")
     await asyncio.wait_for(driver.done.wait(), 60)
-    assert {r.batch for r in driver.book.records.values()} == {0, 1}
+    assert {r.batch for r in driver.episodes.records.values()} == {0, 1}
     scheduled = [e for e in await harness.events() if kind(e) == "scheduled"]
     assert {e.expected_version for e in scheduled if e.episode.startswith("e0001")} == {1}
 
@@ -195,10 +194,10 @@ async def test_sync_mode_waits_for_the_next_weight_version(harness: Harness) -> 
 async def test_async_mode_admits_within_the_staleness_bound(harness: Harness) -> None:
     driver = await harness.submit(group_size=1, batch_tasks=1, max_steps=4, mode="async", staleness=2)
     async with asyncio.timeout(60):
-        while len([r for r in driver.book.records.values() if r.terminal]) < 3:
+        while len([r for r in driver.episodes.records.values() if r.terminal]) < 3:
             await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)
-    assert {r.batch for r in driver.book.records.values()} == {0, 1, 2}  # version 0 + staleness 2
+    assert {r.batch for r in driver.episodes.records.values()} == {0, 1, 2}  # version 0 + staleness 2
     assert driver.admitted(2) and not driver.admitted(3)
 
 
@@ -238,22 +237,24 @@ async def test_bring_your_own_episode_over_the_bus(harness: Harness) -> None:
     await asyncio.wait_for(driver.done.wait(), 60)
     bus = harness.bus
     opened = json.loads(
-        await bus.request(control.subject("open"), json.dumps({"run": harness.run, "task": "add"}).encode())
+        await bus.request(
+            control_api.subject("open"), json.dumps({"run": harness.run, "task": "add"}).encode()
+        )
     )
     assert (
         opened["ok"] and opened["base_url"] == f"{harness.sink.url}/v1" and opened["key"].startswith("hrl_")
     )
-    refused = json.loads(await bus.request(control.subject("open"), json.dumps({"run": "nope"}).encode()))
+    refused = json.loads(await bus.request(control_api.subject("open"), json.dumps({"run": "nope"}).encode()))
     assert refused == {"ok": False, "error": "unknown run 'nope' (submit it first: harnessrl run submit)"}
     import base64
 
     close = {"key": opened["key"], "artifact_b64": base64.b64encode(b"4\n").decode()}
-    closed = json.loads(await bus.request(control.subject("close"), json.dumps(close).encode()))
+    closed = json.loads(await bus.request(control_api.subject("close"), json.dumps(close).encode()))
     assert closed["ok"] and closed["phase"] == "exited"
-    again = json.loads(await bus.request(control.subject("close"), json.dumps(close).encode()))
+    again = json.loads(await bus.request(control_api.subject("close"), json.dumps(close).encode()))
     assert not again["ok"] and "already" in again["error"]
     async with asyncio.timeout(30):
-        while not driver.book.records[opened["episode"]].terminal:
+        while not driver.episodes.records[opened["episode"]].terminal:
             await asyncio.sleep(0.05)
     rollout = [r for r in await harness.rollouts() if r.episode == opened["episode"]]
     assert [(r.task, r.reward) for r in rollout] == [("add", 1.0)]

@@ -93,7 +93,7 @@ def test_job_has_every_hardening_field(swe_request: Any) -> None:
         )
         assert {m["mountPath"] for m in container["volumeMounts"]} == {"/workspace", "/tmp"}
     harness = pod["containers"][0]
-    assert harness["command"][:4] == ["python", "-m", "harnessrl.controller.entrypoint", "--"]
+    assert harness["command"][:4] == ["python", "-m", "harnessrl.controller.episode_runner", "--"]
     env = {item["name"]: item for item in harness["env"]}
     for name in ("HARNESSRL_EPISODE_KEY",):
         assert "value" not in env[name] and env[name]["valueFrom"]["secretKeyRef"]["key"] == name

@@ -13,8 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from harnessrl.shared import control_api as control
-from harnessrl.shared import subjects
+from harnessrl.shared import control_api, subjects
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import RolloutComplete, decode, decode_event
 from harnessrl.testkit.artifact_sink import ArtifactSink
@@ -37,7 +36,7 @@ async def ask(bus: NatsBus, verb: str, payload: dict[str, Any]) -> dict[str, Any
         while True:
             try:
                 reply: dict[str, Any] = json.loads(
-                    await bus.request(control.subject(verb), json.dumps(payload).encode(), timeout=5)
+                    await bus.request(control_api.subject(verb), json.dumps(payload).encode(), timeout=5)
                 )
                 return reply
             except BusError:

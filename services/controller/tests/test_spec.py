@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.controller.tasks import TaskFileError, harness_view, load_tasks
+from harnessrl.controller.task_files import TaskFileError, harness_view, load_tasks
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
 
 GOOD = """

@@ -9,12 +9,12 @@ import pytest
 from harnessrl.shared.bus import NatsBus
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.testkit.canned_upstream import CannedUpstream
-from harnessrl.testkit.gateway import Episode, RunningGateway, serve_gateway, settings_for
+from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
 
 
 @pytest.fixture
-def episode() -> Episode:
-    return Episode()
+def episode() -> KeyedEpisode:
+    return KeyedEpisode()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from anthropic import AsyncAnthropic
 
 from harnessrl.shared.bus.base import Bus
 from harnessrl.testkit.canned_upstream import CannedUpstream
-from harnessrl.testkit.gateway import Episode, serve_gateway, settings_for
+from harnessrl.testkit.gateway import KeyedEpisode, serve_gateway, settings_for
 
 TOOLS = [{"name": "bash", "description": "Run a command.",
           "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]  # fmt: skip
@@ -22,7 +22,7 @@ def _script(path: str, body: dict[str, Any]) -> dict[str, Any]:
     return {"content": "Let me look.", "tool_calls": [call], "finish_reason": "tool_calls"}
 
 
-async def test_tool_use_round_trip_streamed_and_not(bus: Bus, episode: Episode) -> None:
+async def test_tool_use_round_trip_streamed_and_not(bus: Bus, episode: KeyedEpisode) -> None:
     upstream = CannedUpstream(script=_script)
     await upstream.start()
     try:

@@ -13,7 +13,7 @@ from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.contracts import AgentExited, EpisodeCompleted
 from harnessrl.shared.keys import sign_episode_key
 from harnessrl.testkit.canned_upstream import CannedUpstream
-from harnessrl.testkit.gateway import Episode, RunningGateway, serve_gateway, settings_for
+from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 ANTHROPIC = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -74,7 +74,9 @@ async def test_bad_keys_are_401(gateway: RunningGateway, key: str | None, status
     _anthropic_error(payload, kind)
 
 
-async def test_key_in_path_and_x_api_key_work(gateway: RunningGateway, episode: Episode, bus: Bus) -> None:
+async def test_key_in_path_and_x_api_key_work(
+    gateway: RunningGateway, episode: KeyedEpisode, bus: Bus
+) -> None:
     url = f"{gateway.url}/e/{episode.key}/v1/chat/completions"
     code, payload, _ = await _post(url, key=None, body=CHAT)
     assert code == 200, payload
@@ -98,7 +100,7 @@ async def test_key_in_path_and_x_api_key_work(gateway: RunningGateway, episode: 
     ],
 )
 async def test_malformed_bodies_are_400(
-    gateway: RunningGateway, episode: Episode, bus: Bus, path: str, raw: bytes, envelope: str
+    gateway: RunningGateway, episode: KeyedEpisode, bus: Bus, path: str, raw: bytes, envelope: str
 ) -> None:
     code, payload, _ = await _post(gateway.url + path, key=episode.key, raw=raw)
     assert code == 400
@@ -107,7 +109,7 @@ async def test_malformed_bodies_are_400(
     assert await episode.spans(bus) == []
 
 
-async def test_oversized_body_is_413(gateway: RunningGateway, episode: Episode, bus: Bus) -> None:
+async def test_oversized_body_is_413(gateway: RunningGateway, episode: KeyedEpisode, bus: Bus) -> None:
     body = {"messages": [{"role": "user", "content": "x" * 5000}]}
     code, payload, _ = await _post(gateway.url + "/v1/chat/completions", key=episode.key, body=body)
     assert code == 413
@@ -120,7 +122,7 @@ async def test_oversized_body_is_413(gateway: RunningGateway, episode: Episode, 
     assert await episode.spans(bus) == []
 
 
-async def test_unknown_routes_and_methods(gateway: RunningGateway, episode: Episode) -> None:
+async def test_unknown_routes_and_methods(gateway: RunningGateway, episode: KeyedEpisode) -> None:
     code, payload, _ = await _post(gateway.url + "/v1/embeddings", key=episode.key, body={})
     assert code == 404
     _openai_error(payload, "not_found_error")
@@ -132,7 +134,7 @@ async def test_unknown_routes_and_methods(gateway: RunningGateway, episode: Epis
     _openai_error(payload, "invalid_request_error")
 
 
-async def _wait_closed(gateway: RunningGateway, episode: Episode) -> None:
+async def _wait_closed(gateway: RunningGateway, episode: KeyedEpisode) -> None:
     for _ in range(200):
         if gateway.gateway.episodes.is_closed(episode.run, episode.episode):
             return
@@ -141,7 +143,9 @@ async def _wait_closed(gateway: RunningGateway, episode: Episode) -> None:
 
 
 @pytest.mark.parametrize("event", ["agent_exited", "completed"])
-async def test_closed_episode_is_403(gateway: RunningGateway, episode: Episode, bus: Bus, event: str) -> None:
+async def test_closed_episode_is_403(
+    gateway: RunningGateway, episode: KeyedEpisode, bus: Bus, event: str
+) -> None:
     code, _, _ = await _post(gateway.url + "/v1/chat/completions", key=episode.key, body=CHAT)
     assert code == 200
     common = {"run": episode.run, "episode": episode.episode, "task": "t", "group": "g"}
@@ -158,7 +162,7 @@ async def test_closed_episode_is_403(gateway: RunningGateway, episode: Episode, 
     assert len(await episode.spans(bus)) == 1
 
 
-async def test_upstream_down_is_503_with_retry_after(bus: Bus, episode: Episode) -> None:
+async def test_upstream_down_is_503_with_retry_after(bus: Bus, episode: KeyedEpisode) -> None:
     upstream = CannedUpstream()
     await upstream.start()
     url = upstream.url
@@ -175,7 +179,9 @@ async def test_upstream_down_is_503_with_retry_after(bus: Bus, episode: Episode)
 
 
 @pytest.mark.parametrize("status", [400, 500])
-async def test_upstream_errors_pass_through_without_a_span(bus: Bus, episode: Episode, status: int) -> None:
+async def test_upstream_errors_pass_through_without_a_span(
+    bus: Bus, episode: KeyedEpisode, status: int
+) -> None:
     upstream = CannedUpstream(script=lambda path, body: {"status": status, "content": "nope"})
     await upstream.start()
     try:
@@ -192,7 +198,7 @@ async def test_upstream_errors_pass_through_without_a_span(bus: Bus, episode: Ep
     assert await episode.spans(bus) == []
 
 
-async def test_slow_upstream_is_504_and_garbage_is_502(bus: Bus, episode: Episode) -> None:
+async def test_slow_upstream_is_504_and_garbage_is_502(bus: Bus, episode: KeyedEpisode) -> None:
     slow = CannedUpstream(delay_s=2.0)
     garbage = CannedUpstream(script=lambda path, body: {"raw": b"<html>not json</html>"})
     await slow.start()
@@ -215,7 +221,7 @@ async def test_slow_upstream_is_504_and_garbage_is_502(bus: Bus, episode: Episod
     assert await episode.spans(bus) == []
 
 
-async def test_in_flight_calls_per_replica_are_bounded(bus: Bus, episode: Episode) -> None:
+async def test_in_flight_calls_per_replica_are_bounded(bus: Bus, episode: KeyedEpisode) -> None:
     upstream = CannedUpstream(delay_s=0.1)
     await upstream.start()
     try:
@@ -231,7 +237,7 @@ async def test_in_flight_calls_per_replica_are_bounded(bus: Bus, episode: Episod
 
 
 async def test_a_gateway_bug_answers_500_in_the_envelope(
-    gateway: RunningGateway, episode: Episode, monkeypatch: pytest.MonkeyPatch
+    gateway: RunningGateway, episode: KeyedEpisode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def broken(*_: Any, **__: Any) -> None:
         raise ZeroDivisionError

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from litestar.testing import TestClient
 
-from harnessrl.gateway.app import create_app
+from harnessrl.gateway.asgi_app import create_app
 from harnessrl.shared.bus import NatsBus
 from harnessrl.stack.natsserver import NatsServer
-from harnessrl.testkit.gateway import Episode, settings_for, threaded_canned_upstream
+from harnessrl.testkit.gateway import KeyedEpisode, settings_for, threaded_canned_upstream
 
 EXAMPLES = 1000
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"]
@@ -75,7 +75,7 @@ def client(nats_server: NatsServer) -> Iterator[TestClient[Any]]:
 
 @pytest.fixture(scope="module")
 def key() -> str:
-    return Episode(run="fuzz").key
+    return KeyedEpisode(run="fuzz").key
 
 
 def _check(response: Any, path: str) -> None:

@@ -17,7 +17,7 @@ import msgspec
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.tokens import reconstruct_prompts
 from harnessrl.testkit.canned_upstream import CannedUpstream
-from harnessrl.testkit.gateway import Episode, serve_gateway, settings_for
+from harnessrl.testkit.gateway import KeyedEpisode, serve_gateway, settings_for
 from harnessrl.testkit.tools import MINI_SWE_AGENT as MINI
 
 COMMANDS = ["echo gateway > proof.txt", "cat proof.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
@@ -36,7 +36,7 @@ def _bash_call(index: int, command: str) -> dict[str, Any]:
 
 
 async def test_mini_swe_agent_episode_has_one_span_per_call(
-    bus: Bus, episode: Episode, tmp_path: Path
+    bus: Bus, episode: KeyedEpisode, tmp_path: Path
 ) -> None:
     calls: list[int] = []
 

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harnessrl.gateway.episodes import EpisodeBook
+from harnessrl.gateway.episodes import EpisodeCache
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.contracts import AgentExited, EpisodeScheduled, UpstreamRegistration, WeightVersion
@@ -26,10 +26,16 @@ from harnessrl.shared.subjects import ARTIFACTS_BUCKET
 from harnessrl.shared.tokens import reconstruct_prompts
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.testkit.canned_upstream import CannedUpstream
-from harnessrl.testkit.gateway import ADMIN, SECRET, Episode, serve_gateway, settings_for
+from harnessrl.testkit.gateway import (
+    TEST_ADMIN_TOKEN,
+    TEST_KEY_SECRET,
+    KeyedEpisode,
+    serve_gateway,
+    settings_for,
+)
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
-ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN}"}
+ADMIN_HEADERS = {"authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
 
 
 async def _request(
@@ -60,7 +66,7 @@ async def _eventually(check: Callable[[], bool | Awaitable[bool]], what: str) ->
 
 
 async def test_admin_routes_need_the_admin_token(canned: CannedUpstream, bus: Bus) -> None:
-    episode = Episode()
+    episode = KeyedEpisode()
     async with serve_gateway(settings_for([canned.url]), bus) as gateway:
         for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": f"Bearer {episode.key}"}):
             status, body, _ = await _request("GET", gateway.url + "/admin/status", headers=headers)
@@ -75,7 +81,7 @@ async def test_admin_routes_need_the_admin_token(canned: CannedUpstream, bus: Bu
 
 
 async def test_pause_holds_new_calls_until_resume_or_timeout(canned: CannedUpstream, bus: Bus) -> None:
-    episode = Episode()
+    episode = KeyedEpisode()
     async with serve_gateway(settings_for([canned.url], pause_wait_s=1.5), bus) as gateway:
         status, body, _ = await _request(
             "POST", gateway.url + "/admin/pause?drain_s=1", headers=ADMIN_HEADERS
@@ -101,7 +107,7 @@ async def test_pause_holds_new_calls_until_resume_or_timeout(canned: CannedUpstr
 
 
 async def test_spans_carry_the_weight_version(canned: CannedUpstream, bus: Bus) -> None:
-    episode = Episode(run=new_id("wrun"))
+    episode = KeyedEpisode(run=new_id("wrun"))
     async with serve_gateway(settings_for([canned.url]), bus) as gateway:
         await _request("POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT)
         message = WeightVersion(run=episode.run, version=3, step=30)
@@ -113,7 +119,7 @@ async def test_spans_carry_the_weight_version(canned: CannedUpstream, bus: Bus) 
 
 
 async def test_replicas_register_on_the_bus_and_by_admin(bus: Bus) -> None:
-    episode = Episode()
+    episode = KeyedEpisode()
     first, second = CannedUpstream(), CannedUpstream()
     await first.start()
     await second.start()
@@ -148,7 +154,7 @@ async def test_sticky_routing_failover_and_recovery(bus: Bus) -> None:
     replicas = [CannedUpstream(), CannedUpstream()]
     for replica in replicas:
         await replica.start()
-    episodes = [Episode() for _ in range(12)]
+    episodes = [KeyedEpisode() for _ in range(12)]
     try:
         async with serve_gateway(settings_for([r.url for r in replicas]), bus) as gateway:
             url = gateway.url + "/v1/chat/completions"
@@ -180,7 +186,7 @@ async def test_sticky_routing_failover_and_recovery(bus: Bus) -> None:
 
 
 async def test_metrics_follow_prometheus_conventions(canned: CannedUpstream, bus: Bus) -> None:
-    episode = Episode()
+    episode = KeyedEpisode()
     async with serve_gateway(settings_for([canned.url]), bus) as gateway:
         await _request("POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT)
         await _request(
@@ -204,7 +210,7 @@ async def test_metrics_follow_prometheus_conventions(canned: CannedUpstream, bus
 
 
 async def test_artifact_upload(canned: CannedUpstream, bus: Bus) -> None:
-    episode = Episode()
+    episode = KeyedEpisode()
     patch = b"diff --git a/x b/x\n+fixed\n"
     async with serve_gateway(settings_for([canned.url], max_artifact_bytes=1024), bus) as gateway:
         url = f"{gateway.url}/e/{episode.key}/harnessrl/v1/artifact"
@@ -233,7 +239,7 @@ async def test_artifact_upload(canned: CannedUpstream, bus: Bus) -> None:
 async def test_seq_and_deltas_survive_a_gateway_restart(
     canned: CannedUpstream, bus: Bus, stream: bool
 ) -> None:
-    episode = Episode()
+    episode = KeyedEpisode()
     history: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
     for _ in range(2):  # two gateway lifetimes, two calls each
         async with serve_gateway(settings_for([canned.url]), bus) as gateway:
@@ -259,7 +265,7 @@ async def test_seq_and_deltas_survive_a_gateway_restart(
 async def test_access_log_is_one_json_line_per_request_without_prompts(
     canned: CannedUpstream, bus: Bus, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    episode = Episode()
+    episode = KeyedEpisode()
     secret_prompt = {"messages": [{"role": "user", "content": "the-prompt-text-never-logged"}]}
     async with serve_gateway(settings_for([canned.url], access_log=True), bus) as gateway:
         for _ in range(3):
@@ -280,7 +286,7 @@ async def test_access_log_is_one_json_line_per_request_without_prompts(
         assert line["method"] == "POST" and line["ms"] >= 0 and line["timestamp"].endswith("Z")
 
 
-async def _schedule(bus: Bus, episode: Episode, sampling: dict[str, Any]) -> None:
+async def _schedule(bus: Bus, episode: KeyedEpisode, sampling: dict[str, Any]) -> None:
     """What the controller publishes before it launches the episode's harness."""
     event = EpisodeScheduled(run=episode.run, episode=episode.episode, task="t", group="g", sampling=sampling)
     subject = subjects.episode_event(episode.run, episode.episode, "scheduled")
@@ -288,7 +294,7 @@ async def _schedule(bus: Bus, episode: Episode, sampling: dict[str, Any]) -> Non
 
 
 async def test_sampling_policy_run_over_gateway_over_client(canned: CannedUpstream, bus: Bus) -> None:
-    trained, untrained = Episode(run=new_id("samp")), Episode(run=new_id("free"))
+    trained, untrained = KeyedEpisode(run=new_id("samp")), KeyedEpisode(run=new_id("free"))
     await _schedule(bus, trained, {"temperature": 0.25, "top_p": 0.5})
     settings = settings_for([canned.url], sampling={"temperature": 0.9, "seed": 7})
     async with serve_gateway(settings, bus) as gateway:
@@ -308,26 +314,26 @@ async def test_sampling_policy_run_over_gateway_over_client(canned: CannedUpstre
 
 
 async def test_first_sight_of_an_episode_reads_its_runs_sampling(bus: Bus) -> None:
-    first = Episode(run=new_id("samp"))
+    first = KeyedEpisode(run=new_id("samp"))
     await _schedule(bus, first, {"temperature": 1.0})
-    book = EpisodeBook(bus, cache_size=8)  # not following events: only the first-sight lookup
-    await book.calls(first.run, first.episode)
-    assert book.sampling(first.run) == {"temperature": 1.0}
-    second = Episode(run=first.run)  # no schedule of its own yet: the run's policy is known
-    await book.calls(second.run, second.episode)
-    assert book.sampling(second.run) == {"temperature": 1.0}
-    stranger = Episode(run=new_id("none"))  # a key minted outside any run: no policy
-    await book.calls(stranger.run, stranger.episode)
-    assert book.sampling(stranger.run) == {}
+    cache = EpisodeCache(bus, cache_size=8)  # not following events: only the first-sight lookup
+    await cache.calls(first.run, first.episode)
+    assert cache.sampling(first.run) == {"temperature": 1.0}
+    second = KeyedEpisode(run=first.run)  # no schedule of its own yet: the run's policy is known
+    await cache.calls(second.run, second.episode)
+    assert cache.sampling(second.run) == {"temperature": 1.0}
+    stranger = KeyedEpisode(run=new_id("none"))  # a key minted outside any run: no policy
+    await cache.calls(stranger.run, stranger.episode)
+    assert cache.sampling(stranger.run) == {}
     # Remembered as "none" only until a schedule of that run is seen.
-    following = EpisodeBook(bus, cache_size=8)
+    following = EpisodeCache(bus, cache_size=8)
     await following.start()
     try:
         await following.calls(stranger.run, stranger.episode)
         assert following.sampling(stranger.run) == {}
-        await _schedule(bus, Episode(run=stranger.run), {"temperature": 0.3})
+        await _schedule(bus, KeyedEpisode(run=stranger.run), {"temperature": 0.3})
         await _eventually(lambda: following.sampling(stranger.run) == {"temperature": 0.3}, "schedule")
-        later = Episode(run=stranger.run)
+        later = KeyedEpisode(run=stranger.run)
         await following.calls(later.run, later.episode)
         assert following.sampling(later.run) == {"temperature": 0.3}
     finally:
@@ -341,7 +347,7 @@ async def test_no_call_goes_out_on_a_connection_the_replica_is_closing(
     """vLLM closes connections idle for 5 s; the gateway must stop reusing them before that."""
     upstream = CannedUpstream(idle_close_s=0.6)
     await upstream.start()
-    episode = Episode()
+    episode = KeyedEpisode()
     try:
         settings = settings_for([upstream.url], upstream_keepalive_s=keepalive_s)
         async with serve_gateway(settings, bus) as gateway:
@@ -367,7 +373,7 @@ async def test_sigterm_drains_calls_in_flight_for_at_most_the_grace(
     upstream = CannedUpstream(delay_s=upstream_delay_s)
     async with _gateway_process(nats_server, upstream, grace_s) as (url, process):
         call = asyncio.ensure_future(
-            _request("POST", url + "/v1/chat/completions", key=Episode().key, json=CHAT)
+            _request("POST", url + "/v1/chat/completions", key=KeyedEpisode().key, json=CHAT)
         )
         exited_s = await _sigterm_once_upstream_busy(upstream, process, grace_s)
         status, body, headers = await call
@@ -384,7 +390,7 @@ async def test_sigterm_cuts_a_stream_after_the_grace_and_records_its_partial_spa
     nats_server: NatsServer, bus: Bus
 ) -> None:
     upstream = CannedUpstream(event_delay_s=0.3)  # 30 tokens: 9 s, far past the grace
-    episode = Episode()
+    episode = KeyedEpisode()
     gateway = _gateway_process(nats_server, upstream, 1)
     async with gateway as (url, process), aiohttp.ClientSession() as session:
         response = await session.post(
@@ -408,7 +414,11 @@ async def _gateway_process(
     """`harnessrl gateway` as its own process in front of `upstream` (started here)."""
     await upstream.start()
     port = free_port()
-    env = {**os.environ, "HRL_GATEWAY_KEY_SECRET": SECRET, "HRL_GATEWAY_SHUTDOWN_GRACE_S": str(grace_s)}
+    env = {
+        **os.environ,
+        "HRL_GATEWAY_KEY_SECRET": TEST_KEY_SECRET,
+        "HRL_GATEWAY_SHUTDOWN_GRACE_S": str(grace_s),
+    }
     argv = ["--port", str(port), "--nats-url", nats_server.url, "--upstream", upstream.url]
     process = await asyncio.create_subprocess_exec(sys.executable, "-m", "harnessrl.gateway", *argv, env=env)
     try:

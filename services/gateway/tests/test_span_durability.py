@@ -14,7 +14,7 @@ from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.contracts import Span
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.testkit.canned_upstream import CannedUpstream
-from harnessrl.testkit.gateway import Episode, serve_gateway, settings_for
+from harnessrl.testkit.gateway import KeyedEpisode, serve_gateway, settings_for
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
@@ -36,7 +36,7 @@ async def _call(
 async def test_nats_killed_during_traffic_loses_no_span_and_duplicates_none(
     nats_server: NatsServer, bus: Bus, canned: CannedUpstream
 ) -> None:
-    episodes = [Episode(run="killrun") for _ in range(4)]
+    episodes = [KeyedEpisode(run="killrun") for _ in range(4)]
     results: list[tuple[int, str | None, bool]] = []
     settings = settings_for([canned.url], span_publish_timeout_s=8.0)
     async with serve_gateway(settings, bus) as gateway:
@@ -71,7 +71,7 @@ async def test_nats_killed_during_traffic_loses_no_span_and_duplicates_none(
 
 
 async def test_client_disconnect_aborts_upstream_and_records_an_aborted_span(
-    bus: Bus, episode: Episode
+    bus: Bus, episode: KeyedEpisode
 ) -> None:
     upstream = CannedUpstream(event_delay_s=0.05)
     await upstream.start()
@@ -100,7 +100,7 @@ async def test_client_disconnect_aborts_upstream_and_records_an_aborted_span(
     assert 0 < len(spans[0].completions[0].token_ids) < len("Hello from the canned upstream.")
 
 
-async def _wait_for_spans(bus: Bus, episode: Episode, count: int) -> list[Any]:
+async def _wait_for_spans(bus: Bus, episode: KeyedEpisode, count: int) -> list[Any]:
     for _ in range(100):
         spans = await episode.spans(bus)
         if len(spans) >= count:
@@ -110,7 +110,7 @@ async def _wait_for_spans(bus: Bus, episode: Episode, count: int) -> list[Any]:
 
 
 async def test_span_store_down_longer_than_the_budget_is_503_never_an_unrecorded_answer(
-    nats_server: NatsServer, bus: Bus, canned: CannedUpstream, episode: Episode
+    nats_server: NatsServer, bus: Bus, canned: CannedUpstream, episode: KeyedEpisode
 ) -> None:
     settings = settings_for([canned.url], span_publish_timeout_s=1.0)
     async with serve_gateway(settings, bus) as gateway, aiohttp.ClientSession() as session:

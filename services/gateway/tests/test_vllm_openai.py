@@ -11,7 +11,7 @@ from openai import AsyncOpenAI
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.tokens import reconstruct_prompts
 from harnessrl.stack.vllm import VllmServer
-from harnessrl.testkit.gateway import Episode, serve_gateway, settings_for
+from harnessrl.testkit.gateway import KeyedEpisode, serve_gateway, settings_for
 
 MESSAGES = [{"role": "user", "content": "What is 12*34?"}]
 
@@ -34,7 +34,7 @@ async def gateway(vllm_server: VllmServer, bus: Bus) -> Any:
 
 
 async def test_chat_non_streamed_and_streamed_capture_vllms_tokens(
-    gateway: Any, vllm_server: VllmServer, bus: Bus, episode: Episode
+    gateway: Any, vllm_server: VllmServer, bus: Bus, episode: KeyedEpisode
 ) -> None:
     client = AsyncOpenAI(base_url=gateway.url + "/v1", api_key=episode.key)
     params: dict[str, Any] = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0.0}
@@ -71,7 +71,7 @@ async def test_chat_non_streamed_and_streamed_capture_vllms_tokens(
     assert spans[1].prefix_len == len(reference["prompt_token_ids"])
 
 
-async def test_client_that_asks_for_token_ids_gets_them(gateway: Any, episode: Episode) -> None:
+async def test_client_that_asks_for_token_ids_gets_them(gateway: Any, episode: KeyedEpisode) -> None:
     client = AsyncOpenAI(base_url=gateway.url + "/v1", api_key=episode.key)
     reply = await client.chat.completions.create(
         model="x", messages=MESSAGES, max_tokens=4, logprobs=True,
@@ -83,7 +83,7 @@ async def test_client_that_asks_for_token_ids_gets_them(gateway: Any, episode: E
 
 
 async def test_episode_spans_reconstruct_a_growing_conversation(
-    gateway: Any, vllm_server: VllmServer, bus: Bus, episode: Episode
+    gateway: Any, vllm_server: VllmServer, bus: Bus, episode: KeyedEpisode
 ) -> None:
     client = AsyncOpenAI(base_url=gateway.url + "/v1", api_key=episode.key)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Say something."}]
@@ -105,7 +105,7 @@ async def test_episode_spans_reconstruct_a_growing_conversation(
 
 
 async def test_completions_non_streamed_and_streamed(
-    gateway: Any, vllm_server: VllmServer, bus: Bus, episode: Episode
+    gateway: Any, vllm_server: VllmServer, bus: Bus, episode: KeyedEpisode
 ) -> None:
     client = AsyncOpenAI(base_url=gateway.url + "/v1", api_key=episode.key)
     params: dict[str, Any] = {"prompt": "12*34=", "max_tokens": 8, "temperature": 0.0}

@@ -13,7 +13,7 @@ from openai import AsyncOpenAI
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.tokens import reconstruct_prompts
 from harnessrl.stack.vllm import VllmServer
-from harnessrl.testkit.gateway import Episode, RunningGateway, serve_gateway, settings_for
+from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ async def _direct_responses(vllm: VllmServer, body: dict[str, Any]) -> dict[str,
 
 
 async def test_responses_non_streamed_and_streamed(
-    gateway: RunningGateway, vllm_server: VllmServer, bus: Bus, episode: Episode
+    gateway: RunningGateway, vllm_server: VllmServer, bus: Bus, episode: KeyedEpisode
 ) -> None:
     client = AsyncOpenAI(base_url=gateway.url + "/v1", api_key=episode.key)
     params: dict[str, Any] = {"input": "What is 2*3?", "max_output_tokens": 8, "temperature": 0.0}
@@ -60,7 +60,7 @@ async def test_responses_non_streamed_and_streamed(
 
 
 async def test_messages_non_streamed_and_streamed(
-    gateway: RunningGateway, vllm_server: VllmServer, bus: Bus, episode: Episode
+    gateway: RunningGateway, vllm_server: VllmServer, bus: Bus, episode: KeyedEpisode
 ) -> None:
     client = AsyncAnthropic(base_url=gateway.url, api_key=episode.key)
     params: dict[str, Any] = {
@@ -103,7 +103,7 @@ async def test_messages_non_streamed_and_streamed(
 
 
 async def test_count_tokens_and_models_pass_through(
-    gateway: RunningGateway, vllm_server: VllmServer, bus: Bus, episode: Episode
+    gateway: RunningGateway, vllm_server: VllmServer, bus: Bus, episode: KeyedEpisode
 ) -> None:
     client = AsyncAnthropic(base_url=gateway.url, api_key=episode.key)
     counted = await client.messages.count_tokens(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from harnessrl.reward.grading import GradingContext
+from harnessrl.reward.graders.base import GradingContext
 from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from harnessrl.reward.grading import GradingContext
+from harnessrl.reward.graders.base import GradingContext
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.patchfile import InvalidPatchError, parse_patch
 from harnessrl.reward.swe.pipeline import grade_patch

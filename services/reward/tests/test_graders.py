@@ -1,13 +1,17 @@
 """Simple graders, the plug-in interface, and the rules and log parsing they rely on."""
 
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from harnessrl.reward.errors import UnknownGraderError
+from harnessrl.reward.graders.base import GradingContext
 from harnessrl.reward.graders.simple import last_number
-from harnessrl.reward.grading import GradingContext, UnknownGraderError, build_grader
-from harnessrl.reward.swe.rules import GradingRules, evaluate, exit_code_agrees, log_agrees, reward_of
+from harnessrl.reward.grading import build_grader
+from harnessrl.reward.settings import GradingRules
+from harnessrl.reward.swe.rules import evaluate, exit_code_agrees, log_agrees, reward_of
 from harnessrl.shared.contracts import TaskSpec
 
 CONTEXT = GradingContext()
@@ -52,7 +56,7 @@ def test_last_number() -> None:
 
 
 PLUGIN = '''
-from harnessrl.reward.grading import Grade
+from harnessrl.reward.graders.base import Grade
 
 
 class LengthGrader:
@@ -78,6 +82,33 @@ async def test_plugin_grader_is_found_by_entry_point(tmp_path: Path, monkeypatch
 def test_unknown_grader() -> None:
     with pytest.raises(UnknownGraderError):
         build_grader("no-such-grader", CONTEXT)
+
+
+def test_unknown_grader_names_the_registered_ones() -> None:
+    with pytest.raises(UnknownGraderError, match=r"'no-such-grader'.*known: exact, numeric, regex, swebench"):
+        build_grader("no-such-grader", CONTEXT)
+
+
+async def test_custom_reward_example_is_found_by_its_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`examples/custom-reward`, registered exactly as its pyproject.toml says, grades like a built-in."""
+    example = Path(__file__).parents[3] / "examples" / "custom-reward"
+    project = tomllib.loads((example / "pyproject.toml").read_text())["project"]
+    registered = project["entry-points"]["harnessrl.graders"]
+    dist = tmp_path / "tokenbudget_grader-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: 0.1.0\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in registered.items())
+    (dist / "entry_points.txt").write_text(f"[harnessrl.graders]\n{lines}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(example / "src"))
+    grader = build_grader("tokenbudget", CONTEXT)
+    short = await grader.grade(qa("408", "tokenbudget"), b"ANSWER 408")
+    long = await grader.grade(qa("408", "tokenbudget"), b"x" * 54 + b"ANSWER 408")
+    assert (short.reward, short.resolved) == (1.0, True)
+    assert (long.reward, long.details["length_penalty"]) == (0.5, 0.5)
+    monkeypatch.delitem(sys.modules, "tokenbudget_grader")
 
 
 def test_f2p_statuses() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from harnessrl.reward.grading import GradingContext
+from harnessrl.reward.graders.base import GradingContext
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.kube import (
     config_map,
@@ -58,13 +58,18 @@ def test_job_is_hardened(calc_row: dict[str, Any]) -> None:
     assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 120
     assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
+    # The episode pods' policy (harnessrl.shared.podpolicy), as user "nobody".
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False,
+        "privileged": False,
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
+        "runAsUser": 65534,
+        "runAsGroup": 65534,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+    assert pod["hostNetwork"] is False and pod["hostPID"] is False and pod["hostIPC"] is False
     assert container["resources"]["limits"]["memory"] == "2Gi"
     assert job["spec"]["template"]["metadata"]["labels"]["harnessrl.io/network"] == "none"
 

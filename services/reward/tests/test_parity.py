@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from harnessrl.reward.swe.rules import GradingRules, evaluate
+from harnessrl.reward.settings import GradingRules
+from harnessrl.reward.swe.rules import evaluate
 from harnessrl.reward.swe.testlog import parse_junit, parse_pytest_log
 
 SUITE = """

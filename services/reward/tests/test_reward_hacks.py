@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from harnessrl.reward.grading import Grade, GradingContext
+from harnessrl.reward.graders.base import Grade, GradingContext
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.pipeline import grade_patch
 from harnessrl.reward.tinyswe.validate import run_pytest

@@ -7,17 +7,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harnessrl.reward.grading import GradingContext
+from harnessrl.reward.graders.base import GradingContext
 from harnessrl.reward.service import RewardService
-from harnessrl.reward.settings import RewardSettings
+from harnessrl.reward.settings import RewardSettings, SandboxLimits
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.pipeline import grade_patch
-from harnessrl.reward.swe.sandbox import (
-    SandboxLimits,
-    base_environment,
-    network_isolation_available,
-    run_sandboxed,
-)
+from harnessrl.reward.swe.sandbox import base_environment, network_isolation_available, run_sandboxed
 from harnessrl.shared.bus import Bus
 from harnessrl.shared.contracts import AgentExited, ArtifactRef, EpisodeFailed, TaskSpec, decode_event
 

@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from harnessrl.reward.grading import Grade, GradingContext
+from harnessrl.reward.graders.base import Grade, GradingContext
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.pipeline import grade_patch
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.trainer.engine import EngineSettings, PolicyEngine
-from harnessrl.trainer.loss import LossSettings
+from harnessrl.trainer.engine import PolicyEngine
+from harnessrl.trainer.settings import EngineSettings, LossSettings
 
 
 @pytest.fixture(scope="session")

@@ -11,15 +11,15 @@ from verl.trainer.ppo import core_algos
 
 from harnessrl.shared.contracts import RolloutComplete
 from harnessrl.trainer.advantages import (
-    AdvantageSettings,
     AssembledRollout,
     rollout_advantages,
     score_groups,
     token_weights,
 )
 from harnessrl.trainer.batch import RowBatch, to_tensordict
-from harnessrl.trainer.loss import LossSettings, actor_config, rollout_normalized_loss
+from harnessrl.trainer.loss import actor_config, rollout_normalized_loss
 from harnessrl.trainer.samples import TrainingRow
+from harnessrl.trainer.settings import AdvantageSettings, LossSettings
 
 
 def rollout(episode, group, reward, *, rows=1, tokens_per_row=4, failure=None, group_size=4):

@@ -8,11 +8,11 @@ import verl
 from verl.plugin.platform import get_platform
 
 from harnessrl.shared.contracts import RolloutComplete
-from harnessrl.trainer.advantages import AdvantageSettings, AssembledRollout, score_groups, token_weights
+from harnessrl.trainer.advantages import AssembledRollout, score_groups, token_weights
 from harnessrl.trainer.batch import RowBatch
-from harnessrl.trainer.engine import EngineSettings, PolicyEngine
-from harnessrl.trainer.loss import LossSettings
+from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.samples import TrainingRow
+from harnessrl.trainer.settings import AdvantageSettings, EngineSettings, LossSettings
 from harnessrl.trainer.verl_cpu import PlatformCPU
 
 

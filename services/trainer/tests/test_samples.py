@@ -3,7 +3,8 @@
 import random
 
 from harnessrl.testkit.span_sequences import EpisodeRecorder, agent_episode
-from harnessrl.trainer.samples import SampleLimits, build_rows
+from harnessrl.trainer.samples import build_rows
+from harnessrl.trainer.settings import SampleLimits
 
 SYSTEM = [1, 2, 3, 4]
 USER = [5, 6, 7]

@@ -10,13 +10,13 @@ from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus
 from harnessrl.shared.contracts import StepMetrics, WeightVersion
 from harnessrl.shared.ids import new_id
+from harnessrl.shared.signals import run_until_signalled
 from harnessrl.testkit.span_sequences import publish_episodes as publish_group
 from harnessrl.testkit.span_sequences import record_group
-from harnessrl.trainer.assembly import PoolSettings
 from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.metrics import MetricsSink
 from harnessrl.trainer.service import TrainerService
-from harnessrl.trainer.settings import TrainerSettings
+from harnessrl.trainer.settings import PoolSettings, TrainerSettings
 from harnessrl.trainer.training import Trainer
 from harnessrl.trainer.weight_sync import ReplicaSync
 
@@ -144,3 +144,18 @@ async def test_the_last_step_says_it_is_the_last(
     published = await bus.replay(subjects.METRICS.name, subjects.metrics(run, "trainer"))
     steps = [(m.step, m.final) for m in (item.decode(StepMetrics) for item in published)]
     assert steps == [(1, False), (2, True)]  # followers stop at the trainer's last step
+
+
+async def test_the_process_loop_ends_at_max_steps(
+    bus: Bus, policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+):
+    # What app.serve runs: `wait()` is awaited from before `start()` and still ends only at max_steps.
+    rng = random.Random(4)
+    service = trainer_service(bus, policy_engine, tiny_model, tmp_path, batch_groups=1, max_steps=1)
+    running = asyncio.create_task(run_until_signalled(service, finished=service.wait()))
+    await asyncio.sleep(1.0)
+    assert not running.done()  # started and waiting for rollouts, not finished
+    await publish_group(bus, record_group(service.settings.run, "g1", rng))
+    await asyncio.wait_for(running, 120)
+    assert service.trainer.state.step == 1
+    assert await versions_of(bus, service.settings.run) == [1]

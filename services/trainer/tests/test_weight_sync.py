@@ -6,12 +6,14 @@ from pathlib import Path
 import pytest
 
 from harnessrl.shared.contracts import RolloutComplete
-from harnessrl.trainer.advantages import AdvantageSettings, AssembledRollout, score_groups, token_weights
+from harnessrl.trainer.advantages import AssembledRollout, score_groups, token_weights
 from harnessrl.trainer.batch import RowBatch
 from harnessrl.trainer.engine import PolicyEngine
+from harnessrl.trainer.errors import WeightSyncError
 from harnessrl.trainer.replica import VllmReplica
 from harnessrl.trainer.samples import TrainingRow
-from harnessrl.trainer.weight_sync import ReplicaSync, WeightSyncError
+from harnessrl.trainer.settings import AdvantageSettings
+from harnessrl.trainer.weight_sync import ReplicaSync
 
 PROBE = list(range(10, 42))
 

@@ -20,8 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harnessrl.shared import control_api as control
-from harnessrl.shared import subjects
+from harnessrl.shared import control_api, subjects
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import decode_event
 from harnessrl.shared.net import free_port
@@ -48,7 +47,7 @@ async def _ask(bus: NatsBus, verb: str, payload: dict[str, Any]) -> dict[str, An
     deadline = time.monotonic() + 60
     while True:
         try:
-            raw = await bus.request(control.subject(verb), json.dumps(payload).encode(), timeout=10)
+            raw = await bus.request(control_api.subject(verb), json.dumps(payload).encode(), timeout=10)
             reply: dict[str, Any] = json.loads(raw)
             return reply
         except BusError:

@@ -3,9 +3,9 @@
 On loopback, in one run: (a) a canned upstream directly, (b) our gateway in front of it with span
 publishing to a real nats-server, (c) LiteLLM's proxy in front of the same upstream. Then the
 same at a 100 ms upstream with 64 connections, direct, through the gateway and through the
-floor (`bench_floor`: the same libraries forwarding and publishing with no gateway logic). The last stdout
-line is one JSON object. Load generator: `wrk` (1 thread, keep-alive) when installed, else an
-asyncio/aiohttp client (named in the `load_generator` field).
+floor (`gateway_floor`: the same libraries forwarding and publishing with no gateway logic). The
+last stdout line is one JSON object. Load generator: `wrk` (1 thread, keep-alive) when installed,
+else an asyncio/aiohttp client (named in the `load_generator` field).
 
 With two or more CPUs, the proxy under test (gateway, floor or LiteLLM) runs on a CPU of its own
 and the load generator, upstream and nats-server share the others, as when the gateway is deployed
@@ -33,7 +33,7 @@ from harnessrl.shared.keys import sign_episode_key
 from harnessrl.shared.net import free_port
 from harnessrl.stack.natsserver import NatsServer
 
-SECRET = "bench-secret"  # noqa: S105 - a throwaway key for a loopback benchmark
+BENCH_KEY_SECRET = "bench-secret"  # noqa: S105 - a throwaway key for a loopback benchmark
 DURATION_S = 5.0
 WARMUP_S = 1.0
 BODY = json.dumps({
@@ -95,7 +95,7 @@ def _gateway(
 ) -> tuple[str, int]:
     port = free_port()
     env = {
-        "HRL_GATEWAY_KEY_SECRET": SECRET,
+        "HRL_GATEWAY_KEY_SECRET": BENCH_KEY_SECRET,
         "HRL_GATEWAY_PORT": str(port),
         "HRL_GATEWAY_NATS_URL": nats_url,
         "HRL_GATEWAY_UPSTREAMS": json.dumps([upstream]),
@@ -187,7 +187,9 @@ def measure(workdir: Path, procs: Processes) -> dict[str, Any]:
         wait_http(lite + "/health/liveliness", 120)
         for pid in (gateway_pid, slow_pid, floor_pid, litellm.pid):
             _pin(pid, split[1] if split else None)
-        key = {"Authorization": "Bearer " + sign_episode_key(SECRET.encode(), "bench", "ep-1", 3600)}
+        key = {
+            "Authorization": "Bearer " + sign_episode_key(BENCH_KEY_SECRET.encode(), "bench", "ep-1", 3600)
+        }
         runs: dict[str, tuple[LoadResult, LoadResult]] = {
             "direct_c32": _load(fast + CHAT, {}, 32),
             "gateway_c32": _load(gateway_fast + CHAT, key, 32),

@@ -11,7 +11,7 @@ import statistics
 import sys
 import time
 
-from harnessrl.reward.grading import GradingContext
+from harnessrl.reward.graders.base import GradingContext
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.pipeline import grade_patch
 from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances

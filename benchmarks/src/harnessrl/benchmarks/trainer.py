@@ -26,10 +26,9 @@ from pathlib import Path
 from harnessrl.stack.demo.tiny_model import cached_tiny_model
 from harnessrl.testkit.span_sequences import agent_episode, record_group
 from harnessrl.trainer.advantages import AssembledRollout
-from harnessrl.trainer.engine import EngineSettings, PolicyEngine
-from harnessrl.trainer.loss import LossSettings
+from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.samples import build_rows
-from harnessrl.trainer.settings import TrainerSettings
+from harnessrl.trainer.settings import EngineSettings, LossSettings, TrainerSettings
 from harnessrl.trainer.training import Trainer
 
 STALENESS = 2
@@ -37,9 +36,7 @@ STALENESS = 2
 
 def bench_rows(episodes: int = 2000) -> dict[str, float]:
     """Rows (and spans) built per second from a corpus of 1-8 turn episodes."""
-    rng = random.Random(  # noqa: S311 - a simulation, not security
-        0
-    )
+    rng = random.Random(0)  # noqa: S311 - a simulation, not security
     corpus = [agent_episode("bench", f"e{i}", rng, turns=rng.randint(1, 8)) for i in range(episodes)]
     started = time.perf_counter()
     rows = sum(len(build_rows(spans[0].episode, spans)[0]) for spans in corpus)
@@ -78,9 +75,7 @@ def make_trainer(engine: PolicyEngine, root: Path, run: str, mode: str) -> Train
 def bench_steps(engine: PolicyEngine, root: Path, steps: int = 5) -> dict[str, float]:
     """Steps per minute at the demo's batch shape (one warm-up step not counted)."""
     trainer = make_trainer(engine, root, "steps", "async")
-    rng = random.Random(  # noqa: S311 - a simulation, not security
-        1
-    )
+    rng = random.Random(1)  # noqa: S311 - a simulation, not security
     trainer.step(demo_batch("steps", rng, 8, 8, trainer.version))
     started = time.perf_counter()
     for _ in range(steps):
@@ -95,9 +90,7 @@ class EpisodeFarm:
     def __init__(self, run: str, median_s: float, seed: int) -> None:
         self.run = run
         self.median_s = median_s
-        self.rng = random.Random(  # noqa: S311 - a simulation, not security
-            seed
-        )
+        self.rng = random.Random(seed)  # noqa: S311 - a simulation, not security
         self.counter = 0
 
     async def group(self, version: int, size: int) -> list[AssembledRollout]:

@@ -1,7 +1,7 @@
 """A reward plug-in: the numeric answer must be right, and shorter answers score higher."""
 
+from harnessrl.reward.graders.base import Grade
 from harnessrl.reward.graders.simple import NumericGrader
-from harnessrl.reward.grading import Grade
 from harnessrl.shared.contracts import TaskSpec
 
 BUDGET_CHARS = 32

@@ -1,4 +1,4 @@
-"""The controller's request-reply API on the bus: run submit/status and BYO episode open/close.
+"""The controller's request-reply API on the bus: run submit/status, episode open/close.
 
 Requests and replies are JSON on `hrl.ctl.controller.<verb>`; every reply has `ok` and, when not ok,
 an `error` sentence meant for a person. Bring-your-own episodes (a harness someone starts
@@ -51,13 +51,17 @@ class CloseRequest(msgspec.Struct, frozen=True, kw_only=True):
         return base64.b64decode(self.artifact_b64) if self.artifact_b64 is not None else None
 
 
-class ControlError(ValueError):
-    """A request the controller refuses; the message goes back to the caller."""
+Request = SubmitRequest | StatusRequest | OpenRequest | CloseRequest
 
 
 def subject(verb: str) -> str:
     """Subject of one control verb."""
     return subjects.control(SERVICE, verb)
+
+
+def encode(request: Request) -> bytes:
+    """A request as the JSON the controller decodes."""
+    return msgspec.json.encode(request)
 
 
 def reply(**fields: Any) -> bytes:
@@ -68,11 +72,3 @@ def reply(**fields: Any) -> bytes:
 def refusal(error: str) -> bytes:
     """A refused request's reply."""
     return json.dumps({"ok": False, "error": error}).encode()
-
-
-def parse(payload: bytes, kind: type[msgspec.Struct]) -> Any:
-    """Decode a JSON request, turning shape errors into a `ControlError`."""
-    try:
-        return msgspec.json.decode(payload, type=kind)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ControlError(f"malformed {kind.__name__}: {exc}") from exc

@@ -64,4 +64,4 @@ async def probe_nats(url: str, timeout_s: float = 5.0) -> None:
             continue
         writer.close()
         return
-    raise NatsUnreachable(f"cannot reach NATS at {url} ({'; '.join(failures)})")
+    raise NatsUnreachable(f"cannot connect to NATS at {url} ({'; '.join(failures)})")

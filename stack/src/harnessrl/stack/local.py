@@ -1,8 +1,9 @@
 """The embedded local deployment: nats-server, vLLM on the CPU and every service as processes.
 
 `LocalStack` is what `harnessrl up`, `harnessrl train` and `harnessrl demo` run, and what the
-end-to-end tests use. Every service gets its settings through its own `HRL_<SERVICE>_*` variables;
-the episode-key secret is generated once per state folder and never leaves this machine.
+end-to-end tests use. Every service gets its own typed settings object, handed over as its
+`HRL_<SERVICE>_*` variables; the episode-key secret is generated once per state folder and never
+leaves this machine.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ from pathlib import Path
 
 import msgspec
 
+from harnessrl.controller.settings import ControllerSettings
+from harnessrl.gateway.settings import GatewaySettings
+from harnessrl.reward.settings import RewardSettings
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.net import free_port
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.stack.supervisor import ProcessSpec, Supervisor
 from harnessrl.stack.vllm import VllmServer
+from harnessrl.trainer.settings import EngineSettings, TrainerSettings
 
-log = get_logger("harnessrl.local")
+log = get_logger(__name__)
 SERVED_MODEL = "policy"
 
 
@@ -41,6 +46,23 @@ def secret_file(home: Path, name: str) -> str:
         path.touch(mode=0o600)
         path.write_text(secrets.token_urlsafe(32))
     return path.read_text().strip()
+
+
+def settings_env(prefix: str, settings: msgspec.Struct) -> dict[str, str]:
+    """A service's settings as its `<prefix><FIELD>` environment (fields left at their default omitted).
+
+    The service reads them back with its own `read_settings`, so what crosses the process boundary is
+    the service's own typed settings object: a renamed field is a type error here, not a surprise at
+    run time.
+    """
+    env = {}
+    for field in msgspec.structs.fields(settings):
+        value = getattr(settings, field.name)
+        default = field.default_factory() if field.default_factory is not msgspec.NODEFAULT else field.default
+        if value != default:
+            builtin = msgspec.to_builtins(value)
+            env[prefix + field.name.upper()] = builtin if isinstance(builtin, str) else json.dumps(builtin)
+    return env
 
 
 class LocalStack:
@@ -103,18 +125,11 @@ class LocalStack:
         self.vllm.start()
         return self.vllm
 
-    def _env(self, service: str, values: dict[str, object]) -> dict[str, str]:
-        prefix = f"HRL_{service.upper()}_"
-        env = {"HRL_HOME": str(self.home), f"{prefix}NATS_URL": self.nats_url}
-        for name, value in values.items():
-            env[prefix + name.upper()] = value if isinstance(value, str) else json.dumps(value)
-        return env
-
-    def _start(self, service: str, values: dict[str, object], ready_url: str | None = None) -> None:
+    def _start(self, service: str, settings: msgspec.Struct, ready_url: str | None = None) -> None:
         spec = ProcessSpec(
             name=service,
             argv=[sys.executable, "-m", f"harnessrl.{service}"],
-            env=self._env(service, values),
+            env={"HRL_HOME": str(self.home), **settings_env(f"HRL_{service.upper()}_", settings)},
             ready_url=ready_url,
             url=self.gateway_url if service == "gateway" else "",
         )
@@ -122,47 +137,50 @@ class LocalStack:
 
     def start_gateway(self) -> None:
         """The gateway in front of the local vLLM replica (a run's sampling comes with its episodes)."""
-        upstreams = [self.vllm.url] if self.vllm else []
-        values: dict[str, object] = {
-            "port": self.gateway_port,
-            "key_secret": self.key_secret,
-            "admin_token": self.admin_token,
-            "upstreams": upstreams,
-            "served_model": SERVED_MODEL,
-        }
-        self._start("gateway", values, ready_url=f"{self.gateway_url}/healthz")
+        settings = GatewaySettings(
+            nats_url=self.nats_url,
+            port=self.gateway_port,
+            key_secret=self.key_secret,
+            admin_token=self.admin_token,
+            upstreams=[self.vllm.url] if self.vllm else [],
+            served_model=SERVED_MODEL,
+        )
+        self._start("gateway", settings, ready_url=f"{self.gateway_url}/healthz")
 
     def start_reward(self, tasks_root: Path | None = None) -> None:
         """One reward worker; relative task repository paths resolve against `tasks_root`."""
-        self._start("reward", {"tasks_root": str(tasks_root)} if tasks_root else {})
+        settings = RewardSettings(nats_url=self.nats_url, tasks_root=str(tasks_root or "."))
+        self._start("reward", settings)
 
     def start_controller(self) -> None:
         """The controller, launching harnesses locally against our gateway."""
-        values: dict[str, object] = {
-            "key_secret": self.key_secret,
-            "gateway_url": self.gateway_url,
-            "state_dir": str(self.home / "controller"),
-        }
-        self._start("controller", values)
+        settings = ControllerSettings(
+            nats_url=self.nats_url,
+            key_secret=self.key_secret,
+            gateway_url=self.gateway_url,
+            state_dir=str(self.home / "controller"),
+        )
+        self._start("controller", settings)
 
-    def start_trainer(self, spec: RunSpec, model_dir: Path, **overrides: object) -> None:
+    def start_trainer(self, spec: RunSpec, model_dir: Path) -> None:
         """The run's trainer, updating the local vLLM replica after every step."""
-        values: dict[str, object] = {
-            "run": spec.run,
-            "model_dir": str(model_dir),
-            "checkpoint_dir": str(self.home / "runs" / spec.run / "checkpoints"),
-            "replicas": [self.vllm.url] if self.vllm else [],
-            "served_model": SERVED_MODEL,
-            "mode": spec.mode,
-            "staleness": spec.staleness,
-            "batch_groups": spec.batch_tasks,
-            "max_steps": spec.max_steps,
-            "tensorboard_dir": str(self.home / "runs" / spec.run / "tensorboard"),
+        run_dir = self.home / "runs" / spec.run
+        settings = TrainerSettings(
+            nats_url=self.nats_url,
+            run=spec.run,
+            model_dir=str(model_dir),
+            checkpoint_dir=str(run_dir / "checkpoints"),
+            replicas=[self.vllm.url] if self.vllm else [],
+            served_model=SERVED_MODEL,
+            mode=spec.mode,
+            staleness=spec.staleness,
+            batch_groups=spec.batch_tasks,
+            max_steps=spec.max_steps,
+            tensorboard_dir=str(run_dir / "tensorboard"),
             # The trainer shares the cores with vLLM: extra OpenMP threads only spin.
-            "engine": {"torch_threads": 1},
-            **overrides,
-        }
-        self._start("trainer", values)
+            engine=EngineSettings(torch_threads=1),
+        )
+        self._start("trainer", settings)
 
     def check(self) -> None:
         """Restart crashed services (raises when one keeps crashing)."""

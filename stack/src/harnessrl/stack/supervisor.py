@@ -25,7 +25,7 @@ from harnessrl.shared.log import get_logger
 from harnessrl.shared.signals import signal_group
 from harnessrl.stack.spawn import spawn
 
-log = get_logger("harnessrl.supervisor")
+log = get_logger(__name__)
 
 
 class ProcessSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,7 +26,7 @@ import nats.js.errors
 from rich.console import Console
 from rich.live import Live
 
-from harnessrl.shared import subjects
+from harnessrl.shared import control_api, subjects
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.net import NatsUnreachable, port_free, probe_nats
@@ -47,11 +47,11 @@ async def submit(bus: NatsBus, spec: RunSpec, *, wait_s: float = 90.0) -> dict[s
     A controller that is still starting (or restarting) has no responder yet: keep asking for
     `wait_s` before giving up.
     """
-    payload = json.dumps({"spec": msgspec.to_builtins(spec)}).encode()
+    payload = control_api.encode(control_api.SubmitRequest(spec=msgspec.to_builtins(spec)))
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            reply = await bus.request(subjects.control("controller", "submit"), payload, timeout=30)
+            reply = await bus.request(control_api.subject("submit"), payload, timeout=30)
             break
         except BusError as exc:
             if time.monotonic() > deadline:

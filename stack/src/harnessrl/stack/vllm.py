@@ -118,10 +118,10 @@ class VllmServer:
                 stderr=subprocess.STDOUT,
                 env={**DEFAULT_ENV, **os.environ, **self.env},
             )
-        _log.info("vllm starting", port=self.port, model=str(self.model_dir), pid=self.process.pid)
+        _log.info("vllm.starting", port=self.port, model=str(self.model_dir), pid=self.process.pid)
         self._wait_healthy(started + timeout_s)
         self.startup_s = time.monotonic() - started
-        _log.info("vllm ready", port=self.port, startup_s=round(self.startup_s, 1))
+        _log.info("vllm.ready", port=self.port, startup_s=round(self.startup_s, 1))
 
     def _wait_healthy(self, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -157,7 +157,7 @@ class VllmServer:
         try:
             self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            _log.warning("vllm ignored SIGTERM", port=self.port)
+            _log.warning("vllm.sigterm_ignored", port=self.port)
         self._signal_group(signal.SIGKILL)
         self.process.wait()
         self.process = None

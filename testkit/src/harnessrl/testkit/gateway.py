@@ -10,9 +10,9 @@ from typing import Any
 
 import uvicorn
 
-from harnessrl.gateway.app import GatewayApp, create_app
-from harnessrl.gateway.runtime import Gateway
-from harnessrl.gateway.server import server_config
+from harnessrl.gateway.app import server_config
+from harnessrl.gateway.asgi_app import GatewayApp, create_app
+from harnessrl.gateway.service import Gateway
 from harnessrl.gateway.settings import GatewaySettings
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus
@@ -22,17 +22,18 @@ from harnessrl.shared.keys import sign_episode_key
 from harnessrl.shared.net import free_port
 from harnessrl.testkit.canned_upstream import CannedUpstream
 
-SECRET = "test-secret"  # noqa: S105 - a test-only signing secret
-ADMIN = "admin-token"
+# Test-only credentials: `settings_for` gives them to the gateway, `KeyedEpisode` signs with the first.
+TEST_KEY_SECRET = "test-secret"  # noqa: S105 - signs test episodes' keys; never a real secret
+TEST_ADMIN_TOKEN = "admin-token"  # noqa: S105 - the admin routes' bearer token in tests
 
 
-class Episode:
-    """A fresh episode id with its key."""
+class KeyedEpisode:
+    """A fresh episode id of `run` with its key, signed with `TEST_KEY_SECRET` (valid 10 minutes)."""
 
     def __init__(self, run: str = "run1") -> None:
         self.run = run
         self.episode = new_id("ep")
-        self.key = sign_episode_key(SECRET.encode(), run, self.episode, 600)
+        self.key = sign_episode_key(TEST_KEY_SECRET.encode(), run, self.episode, 600)
 
     async def spans(self, bus: Bus) -> list[Span]:
         """The episode's stored spans in seq order."""
@@ -43,8 +44,8 @@ class Episode:
 def settings_for(upstreams: list[str], **overrides: Any) -> GatewaySettings:
     """Test settings: the test secret and admin token, quick health probes, no access log."""
     values: dict[str, Any] = {
-        "key_secret": SECRET,
-        "admin_token": ADMIN,
+        "key_secret": TEST_KEY_SECRET,
+        "admin_token": TEST_ADMIN_TOKEN,
         "upstreams": upstreams,
         "access_log": False,
         "health_interval_s": 0.2,

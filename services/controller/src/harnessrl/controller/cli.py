@@ -12,27 +12,29 @@ import base64
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from harnessrl.controller.tasks import TaskFileError, load_tasks
-from harnessrl.shared import control_api as control
-from harnessrl.shared import net
+from harnessrl.controller import app
+from harnessrl.controller.errors import ControllerError
+from harnessrl.controller.task_files import TaskFileError, load_tasks
+from harnessrl.shared import control_api, net
 from harnessrl.shared.log import configure_logging
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
 
 
-class CommandError(RuntimeError):
+class CommandError(ControllerError):
     """A user command failed; the message is what the user sees."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the controller's commands to the `harnessrl` parser."""
     service = subparsers.add_parser("controller", help="run the controller service")
-    service.add_argument("--config", type=Path, default=None, help="TOML file with [controller]")
-    service.set_defaults(func=_cmd_controller)
+    app.add_arguments(service)
+    service.set_defaults(func=app.run)
 
     run = subparsers.add_parser("run", help="submit a run or show its progress")
     run_sub = run.add_subparsers(dest="run_command", required=True)
@@ -67,12 +69,6 @@ def _bus_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=15.0)
 
 
-def _cmd_controller(args: argparse.Namespace) -> int:
-    from harnessrl.controller.app import run
-
-    return run(args.config)
-
-
 async def probe_nats(url: str) -> None:
     """Fail fast with a clear sentence when nothing listens at the NATS URL (the client would retry)."""
     try:
@@ -81,7 +77,7 @@ async def probe_nats(url: str) -> None:
         raise CommandError(str(exc)) from exc
 
 
-async def ask(nats: str, verb: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+async def ask(nats: str, verb: str, request: control_api.Request, timeout: float) -> dict[str, Any]:
     """Send one control request to the controller; a refusal raises `CommandError`."""
     # Imported here, after logging is configured: the bus binds its loggers at import time.
     from harnessrl.shared.bus import BusError, NatsBus
@@ -90,7 +86,7 @@ async def ask(nats: str, verb: str, payload: dict[str, Any], timeout: float) -> 
     bus = NatsBus(nats, name="harnessrl-cli")
     try:
         await asyncio.wait_for(bus.connect(), timeout)
-        raw = await bus.request(control.subject(verb), json.dumps(payload).encode(), timeout=timeout)
+        raw = await bus.request(control_api.subject(verb), control_api.encode(request), timeout=timeout)
     except TimeoutError as exc:
         raise CommandError(f"cannot connect to NATS at {nats} within {timeout}s") from exc
     except BusError as exc:
@@ -104,9 +100,11 @@ async def ask(nats: str, verb: str, payload: dict[str, Any], timeout: float) -> 
     return reply
 
 
-def _answer(args: argparse.Namespace, verb: str, payload: dict[str, Any], human: Any) -> int:
+def _answer(
+    args: argparse.Namespace, verb: str, request: control_api.Request, human: Callable[[dict[str, Any]], str]
+) -> int:
     try:
-        reply = asyncio.run(ask(args.nats, verb, payload, args.timeout))
+        reply = asyncio.run(ask(args.nats, verb, request, args.timeout))
     except CommandError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1
@@ -121,11 +119,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     except (RunSpecError, TaskFileError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1
-    payload = {"spec": msgspec.to_builtins(spec)}
     return _answer(
         args,
         "submit",
-        payload,
+        control_api.SubmitRequest(spec=msgspec.to_builtins(spec)),
         lambda r: (
             f"run {r['run']} submitted: {len(tasks)} tasks, {r['groups']} groups of {r['group_size']}\n"
         ),
@@ -140,7 +137,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             lines.append(f"{name}: {info['state']} {phases}".rstrip())
         return "\n".join(lines or ["no runs"]) + "\n"
 
-    return _answer(args, "status", {"run": args.run}, human)
+    return _answer(args, "status", control_api.StatusRequest(run=args.run), human)
 
 
 def _cmd_open(args: argparse.Namespace) -> int:
@@ -152,21 +149,24 @@ def _cmd_open(args: argparse.Namespace) -> int:
             f"export HARNESSRL_EPISODE_KEY={r['key']}\n"
         )
 
-    return _answer(args, "open", {"run": args.run, "task": args.task}, human)
+    return _answer(args, "open", control_api.OpenRequest(run=args.run, task=args.task), human)
 
 
 def _cmd_close(args: argparse.Namespace) -> int:
     if not args.key:
         sys.stderr.write("error: give --key or set HARNESSRL_EPISODE_KEY\n")
         return 1
-    payload: dict[str, Any] = {"key": args.key, "exit_code": args.exit_code, "kind": args.kind}
+    artifact_b64 = None
     if args.artifact is not None:
         try:
-            payload["artifact_b64"] = base64.b64encode(args.artifact.read_bytes()).decode()
+            artifact_b64 = base64.b64encode(args.artifact.read_bytes()).decode()
         except OSError as exc:
             sys.stderr.write(f"error: cannot read artifact {args.artifact}: {exc.strerror}\n")
             return 1
-    return _answer(args, "close", payload, lambda r: f"episode {r['episode']} closed: {r['phase']}\n")
+    request = control_api.CloseRequest(
+        key=args.key, exit_code=args.exit_code, artifact_b64=artifact_b64, kind=args.kind
+    )
+    return _answer(args, "close", request, lambda r: f"episode {r['episode']} closed: {r['phase']}\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,19 +14,30 @@ from collections.abc import Callable
 import msgspec
 
 from harnessrl.controller.artifacts import read_artifact, summarize_spans
+from harnessrl.controller.errors import ControllerError
 from harnessrl.controller.launchers import ExitStatus
 from harnessrl.controller.outbox import outbox
 from harnessrl.controller.records import EpisodeRecord, episode_id
 from harnessrl.controller.store import EpisodeStore
-from harnessrl.shared.bus import Bus
+from harnessrl.shared.bus import Bus, TransientError
 from harnessrl.shared.contracts import EpisodeFailed, EpisodeScored, FailureCause, Sampling, TaskSpec, now
 from harnessrl.shared.log import get_logger
 
 Relaunch = Callable[[EpisodeRecord], None]
 
+# How soon a reward event that overtook the episode's exit is tried again.
+_NOT_EXITED_RETRY_S = 0.5
 
-class EpisodeBook:
-    """The run's episode records in memory, each change committed to KV and the bus."""
+
+class EpisodeNotExitedError(ControllerError, TransientError):
+    """A reward event arrived before the controller saw the harness exit: redeliver it shortly."""
+
+    def __init__(self, episode: str, *, delay: float = _NOT_EXITED_RETRY_S) -> None:
+        super().__init__(f"episode {episode} not exited yet", delay=delay)
+
+
+class RunEpisodes:
+    """One run's episode records in memory, each change committed to KV and the bus."""
 
     def __init__(
         self,
@@ -45,7 +56,7 @@ class EpisodeBook:
         self._locks: dict[str, asyncio.Lock] = {}
         self.on_retry: Relaunch | None = None
         self.on_change: Callable[[], None] = lambda: None
-        self._log = get_logger("controller.lifecycle")
+        self._log = get_logger(__name__)
 
     def lock(self, episode: str) -> asyncio.Lock:
         """The lock that serialises every change of one episode."""
@@ -143,7 +154,7 @@ class EpisodeBook:
         )
         retry = await self.add(retry)
         await self.finish(record, "infra", reason, retried_as=retry.episode)
-        self._log.info("infra failure retried", episode=record.episode, retry=retry.episode, reason=reason)
+        self._log.info("episode.retried", episode=record.episode, retry=retry.episode, reason=reason)
         if self.on_retry is not None:
             self.on_retry(retry)
 
@@ -174,14 +185,14 @@ class EpisodeBook:
             )
         )
 
-    async def scored(self, event: EpisodeScored) -> bool:
-        """The reward service graded the episode: complete it. False when it is not ours yet."""
+    async def scored(self, event: EpisodeScored) -> None:
+        """The reward service graded the episode: complete it (`EpisodeNotExitedError` if too early)."""
         async with self.lock(event.episode):
             record = self.records.get(event.episode)
             if record is None or record.terminal:
-                return True
+                return
             if record.phase != "exited":
-                return False
+                raise EpisodeNotExitedError(event.episode)
             spans = await summarize_spans(self._bus, record.run, record.episode)
             details = {**event.details, "outcome": event.outcome}
             if event.resolved is not None:
@@ -197,17 +208,15 @@ class EpisodeBook:
                     versions_seen=spans.versions,
                 )
             )
-            return True
 
-    async def reward_failed(self, event: EpisodeFailed) -> bool:
+    async def reward_failed(self, event: EpisodeFailed) -> None:
         """The reward service could not grade the episode; its `failed` event is the terminal one."""
         if event.cause != "reward-error":
-            return True
+            return
         async with self.lock(event.episode):
             record = self.records.get(event.episode)
             if record is None or record.terminal:
-                return True
+                return
             if record.phase != "exited":
-                return False
+                raise EpisodeNotExitedError(event.episode)
             await self.finish(record, "reward-error", event.reason, by_reward=True)
-            return True

@@ -6,25 +6,28 @@ import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from harnessrl.controller.byo import ByoEpisodes
+import msgspec
+
+from harnessrl.controller.errors import RequestRefusedError
+from harnessrl.controller.external_episodes import ExternalEpisodes
 from harnessrl.controller.launchers import Launcher, LaunchError
 from harnessrl.controller.launchers.kube import KubeLauncher, api_client
 from harnessrl.controller.launchers.local import LocalLauncher
 from harnessrl.controller.records import RunRecord
-from harnessrl.controller.run import RunDriver
+from harnessrl.controller.run_driver import RunDriver
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.controller.store import EpisodeStore
-from harnessrl.controller.tasks import TaskFileError, load_tasks
-from harnessrl.shared import control_api as control
-from harnessrl.shared import subjects
+from harnessrl.controller.task_files import TaskFileError, load_tasks
+from harnessrl.shared import control_api, subjects
 from harnessrl.shared.bus import Bus, Subscription
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.runspec import RunSpecError, parse_run_spec
 
 LauncherFactory = Callable[[RunSpec, ControllerSettings], Launcher]
+R = TypeVar("R", bound=msgspec.Struct)
 
 
 def default_launcher(spec: RunSpec, settings: ControllerSettings) -> Launcher:
@@ -58,8 +61,8 @@ class Controller:
         self._store: EpisodeStore | None = None
         self._served: list[Subscription] = []
         self._submit_lock = asyncio.Lock()
-        self.byo = ByoEpisodes(bus, settings, self.runs)
-        self._log = get_logger("controller")
+        self.external = ExternalEpisodes(bus, settings, self.runs)
+        self._log = get_logger(__name__)
 
     @property
     def store(self) -> EpisodeStore:
@@ -77,16 +80,16 @@ class Controller:
                 try:
                     await self._start_run(record)
                 except LaunchError as exc:
-                    self._log.error("run cannot resume", run=record.spec.run, error=str(exc))
-        handlers: dict[str, Callable[[bytes], Awaitable[bytes]]] = {
-            "submit": self._submit,
-            "status": self._status,
-            "open": self.byo.open,
-            "close": self.byo.close,
+                    self._log.error("run.resume_failed", run=record.spec.run, error=str(exc))
+        responders = {
+            "submit": _answering(control_api.SubmitRequest, self._submit),
+            "status": _answering(control_api.StatusRequest, self._status),
+            "open": _answering(control_api.OpenRequest, self.external.open),
+            "close": _answering(control_api.CloseRequest, self.external.close),
         }
-        for verb, handler in handlers.items():
-            self._served.append(await self._bus.serve(control.subject(verb), _guarded(handler)))
-        self._log.info("controller ready", runs=len(self.runs))
+        for verb, responder in responders.items():
+            self._served.append(await self._bus.serve(control_api.subject(verb), responder))
+        self._log.info("controller.ready", runs=len(self.runs))
 
     def _owns(self, run: str) -> bool:
         return not self._settings.runs or run in self._settings.runs
@@ -97,19 +100,19 @@ class Controller:
             await served.stop()
         for driver in self.runs.values():
             await driver.stop()
-        await self.byo.stop()
+        await self.external.stop()
 
     async def submit(self, spec: RunSpec) -> RunDriver:
         """Accept a new run (its tasks must load), persist it and start scheduling."""
         async with self._submit_lock:
             if not self._owns(spec.run):
-                raise control.ControlError(f"this controller does not own run {spec.run!r}")
+                raise RequestRefusedError(f"this controller does not own run {spec.run!r}")
             if spec.run in self.runs:
-                raise control.ControlError(f"run {spec.run!r} already exists")
+                raise RequestRefusedError(f"run {spec.run!r} already exists")
             load_tasks(spec.tasks)
             record = RunRecord(spec=spec)
             if not await self.store.create_run(record):
-                raise control.ControlError(f"run {spec.run!r} already exists")
+                raise RequestRefusedError(f"run {spec.run!r} already exists")
             try:
                 return await self._start_run(record)
             except LaunchError:
@@ -128,32 +131,30 @@ class Controller:
             await driver.stop()
             raise
         self.runs[record.spec.run] = driver
-        await self.byo.resume(driver)
+        await self.external.resume(driver)
         return driver
 
-    async def _submit(self, payload: bytes) -> bytes:
-        request: control.SubmitRequest = control.parse(payload, control.SubmitRequest)
+    async def _submit(self, request: control_api.SubmitRequest) -> bytes:
         try:
             spec = parse_run_spec(request.spec, source="submitted run spec")
             driver = await self.submit(spec)
         except (RunSpecError, TaskFileError, LaunchError) as exc:
-            return control.refusal(str(exc))
-        return control.reply(run=spec.run, groups=driver.total_groups, group_size=spec.group_size)
+            return control_api.refusal(str(exc))
+        return control_api.reply(run=spec.run, groups=driver.total_groups, group_size=spec.group_size)
 
-    async def _status(self, payload: bytes) -> bytes:
-        request: control.StatusRequest = control.parse(payload, control.StatusRequest)
+    async def _status(self, request: control_api.StatusRequest) -> bytes:
         names = [request.run] if request.run else sorted(self.runs)
         if request.run and request.run not in self.runs:
             record = await self.store.run(request.run)
             if record is None:
-                return control.refusal(f"unknown run {request.run!r}")
-            return control.reply(runs={request.run: {"state": record.state, "phases": {}}})
-        return control.reply(runs={name: run_status(self.runs[name]) for name in names})
+                return control_api.refusal(f"unknown run {request.run!r}")
+            return control_api.reply(runs={request.run: {"state": record.state, "phases": {}}})
+        return control_api.reply(runs={name: run_status(self.runs[name]) for name in names})
 
 
 def run_status(driver: RunDriver) -> dict[str, Any]:
     """A run's progress: phase counts, failure causes, weight version."""
-    records = driver.book.records.values()
+    records = driver.episodes.records.values()
     return {
         "state": "done" if driver.done.is_set() else "active",
         "mode": driver.spec.mode,
@@ -165,11 +166,19 @@ def run_status(driver: RunDriver) -> dict[str, Any]:
     }
 
 
-def _guarded(handler: Callable[[bytes], Awaitable[bytes]]) -> Callable[[bytes], Awaitable[bytes]]:
+def _answering(
+    kind: type[R], handler: Callable[[R], Awaitable[bytes]]
+) -> Callable[[bytes], Awaitable[bytes]]:
+    """A bus responder: decode the request as `kind`, answer a malformed or refused one with its reason."""
+
     async def answer(payload: bytes) -> bytes:
         try:
-            return await handler(payload)
-        except control.ControlError as exc:
-            return control.refusal(str(exc))
+            request = msgspec.json.decode(payload, type=kind)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return control_api.refusal(f"malformed {kind.__name__}: {exc}")
+        try:
+            return await handler(request)
+        except RequestRefusedError as exc:
+            return control_api.refusal(str(exc))
 
     return answer

@@ -42,17 +42,26 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     log_format: str = "json"
     log_level: str = "INFO"
 
+    def __post_init__(self) -> None:
+        """Refuse values the controller cannot work with (the message names the field)."""
+        if self.kube_watch_timeout_s < 1:
+            raise SettingsError("kube_watch_timeout_s must be >= 1")
+
     @property
     def secret(self) -> bytes:
         """The key-signing secret as bytes."""
         return self.key_secret.encode()
 
 
-def load_controller_settings(toml_path: Path | str | None = None, **overrides: Any) -> ControllerSettings:
-    """Build settings from defaults, `[controller]` in a TOML file, env and overrides."""
+def read_settings(toml_path: Path | str | None = None, **overrides: Any) -> ControllerSettings:
+    """Build settings from defaults, `[controller]` in a TOML file, env and overrides.
+
+    The service needs `key_secret` (episode keys are signed with it); a struct built in code may
+    leave it empty, settings read for the process may not.
+    """
     settings = load_settings(
         ControllerSettings, prefix=ENV_PREFIX, section="controller", toml_path=toml_path, **overrides
     )
-    if settings.kube_watch_timeout_s < 1:
-        raise SettingsError("kube_watch_timeout_s must be >= 1")
+    if not settings.key_secret:
+        raise SettingsError(f"{ENV_PREFIX}KEY_SECRET is required: episode keys are signed with it")
     return settings

@@ -10,13 +10,14 @@ from typing import TypeVar
 
 import msgspec
 
+from harnessrl.controller.errors import ControllerError
 from harnessrl.controller.records import EpisodeRecord, RunRecord, episode_key, run_key
 from harnessrl.shared.bus import KeyExistsError, KeyValue, RevisionMismatchError
 
 R = TypeVar("R", bound=msgspec.Struct)
 
 
-class StateConflictError(RuntimeError):
+class StateConflictError(ControllerError):
     """Another writer changed a record this controller owns."""
 
 

@@ -1,5 +1,7 @@
-"""`python -m harnessrl.gateway [--config ...]`: run the gateway."""
+"""`python -m harnessrl.gateway [--config FILE] [flags]`: run the gateway."""
 
-from harnessrl.gateway.cli import main
+import sys
 
-main()
+from harnessrl.gateway.app import main
+
+sys.exit(main())

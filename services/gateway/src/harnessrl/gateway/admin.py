@@ -16,7 +16,7 @@ from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromQuery, JSONBody
 
-from harnessrl.gateway.runtime import Gateway
+from harnessrl.gateway.service import Gateway
 from harnessrl.shared.contracts import UpstreamRegistration
 
 

@@ -1,109 +1,89 @@
-"""The gateway's ASGI app: harness-facing routes straight to `Proxy`, the rest through Litestar.
+"""Running the gateway as a process: settings, logging, bus, the ASGI app, uvicorn until signalled.
 
-The harness-facing routes (`/v1/...`, `/e/<key>/v1/...`, `/harnessrl/...`) are the hot path: they
-go to the raw ASGI `Proxy` without Litestar's router and middleware. Operations (`/healthz`,
-`/readyz`, `/metrics`), admin (`/admin/...`) and the lifespan are an ordinary Litestar app.
+Unlike the other services the gateway does not use `run_until_signalled`: uvicorn owns the signal
+loop. On SIGTERM/SIGINT it stops accepting, gives calls in flight `shutdown_grace_s` to finish,
+runs the app's lifespan shutdown (gateway, then bus) and ends the process by the signal it got.
 """
 
 from __future__ import annotations
 
-import gc
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from litestar import Litestar, Request, Response, get
-from litestar.exceptions import HTTPException
+from harnessrl.gateway.settings import GatewaySettings, read_settings
+from harnessrl.shared.log import configure_logging
+from harnessrl.shared.settings import SettingsError
 
-from harnessrl.gateway.admin import admin_router
-from harnessrl.gateway.asgi import Receive, Scope, Send
-from harnessrl.gateway.errors import error_for_status
-from harnessrl.gateway.proxy import Proxy
-from harnessrl.gateway.runtime import Gateway
-from harnessrl.gateway.settings import GatewaySettings
-from harnessrl.shared.bus.base import Bus
+if TYPE_CHECKING:
+    import uvicorn
 
-_PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+    from harnessrl.gateway.asgi_app import GatewayApp
 
-
-_PROXY_PREFIXES = ("/v1/", "/e/", "/harnessrl/")
+# Flags that override settings of the same name (None: not given).
+_FLAGS = ("host", "port", "nats_url", "upstreams")
 
 
-class GatewayApp:
-    """The ASGI app a server runs: proxy paths to `Proxy`, everything else (and lifespan) to Litestar."""
-
-    def __init__(self, operations: Litestar, proxy: Proxy) -> None:
-        self.operations = operations
-        self.proxy = proxy
-        self.gateway: Gateway = proxy.gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Dispatch on the path; the proxy sees the raw (undecoded) path."""
-        if scope["type"] == "http" and scope["path"].startswith(_PROXY_PREFIXES):
-            raw_path = scope.get("raw_path")
-            if raw_path:
-                scope["path"] = raw_path.decode("latin-1")
-            await self.proxy(scope, receive, send)
-            return
-        await self.operations(scope, receive, send)  # type: ignore[arg-type]
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The process options: a config file and the settings most often set by hand."""
+    parser.add_argument("--config", help="TOML file with a [gateway] table")
+    parser.add_argument("--host", help="listen address")
+    parser.add_argument("--port", type=int, help="listen port")
+    parser.add_argument("--nats-url", dest="nats_url", help="NATS server URL")
+    parser.add_argument("--upstream", dest="upstreams", action="append", help="vLLM base URL")
 
 
-def create_app(settings: GatewaySettings, bus: Bus, *, owns_bus: bool = False) -> GatewayApp:
-    """Build the gateway app; its lifespan starts and stops the gateway (and the bus if owned)."""
-    gateway = Gateway(settings, bus)
-    proxy = Proxy(gateway)
+def run(args: argparse.Namespace) -> int:
+    """Load settings and serve until SIGTERM/SIGINT; 2 (and one line on stderr) on bad settings."""
+    try:
+        settings = read_settings(args.config, **{name: getattr(args, name) for name in _FLAGS})
+    except SettingsError as exc:
+        sys.stderr.write(f"harnessrl gateway: {exc}\n")
+        return 2
+    configure_logging("json", settings.log_level)
+    serve(settings)
+    return 0
 
-    @get("/healthz", sync_to_thread=False)
-    def healthz() -> dict[str, str]:
-        """Liveness: the process answers."""
-        return {"status": "ok"}
 
-    @get("/readyz", sync_to_thread=False)
-    def readyz() -> Response[dict[str, Any]]:
-        """Readiness: bus connected and at least one healthy upstream."""
-        ready = gateway.ready
-        body = {"ready": ready, "bus": gateway.bus.connected, "upstreams": gateway.pool.any_healthy}
-        return Response(body, status_code=200 if ready else 503)
+def serve(settings: GatewaySettings) -> None:
+    """Serve an app that owns its NatsBus (connected at start-up, closed at shutdown)."""
+    # Imported here: `harnessrl --help` must not load the server, Litestar and the bus client.
+    import uvicorn
 
-    @get("/metrics", sync_to_thread=False)
-    def metrics() -> Response[bytes]:
-        """Prometheus exposition."""
-        return Response(gateway.metrics.render(), media_type=_PROMETHEUS)
+    from harnessrl.gateway.asgi_app import create_app
+    from harnessrl.shared.bus import NatsBus
 
-    @asynccontextmanager
-    async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        await gateway.start()
-        # Start-up objects (modules, the app, clients) never become garbage: out of the collector's
-        # sight, a full collection scans only what requests leave behind (shorter tail pauses).
-        gc.collect()
-        gc.freeze()
-        try:
-            yield
-        finally:
-            await gateway.stop()
-            if proxy.access_log is not None:
-                proxy.access_log.flush()
-            if owns_bus:
-                await bus.close()
+    app = create_app(settings, NatsBus(settings.nats_url, name="harnessrl-gateway"), owns_bus=True)
+    uvicorn.Server(server_config(app, settings)).run()
 
-    app = Litestar(
-        route_handlers=[healthz, readyz, metrics, admin_router(gateway)],
-        lifespan=[lifespan],
-        exception_handlers={HTTPException: _http_error},
-        openapi_config=None,
-        debug=False,
+
+def server_config(app: GatewayApp, settings: GatewaySettings, *, port: int | None = None) -> uvicorn.Config:
+    """The uvicorn configuration the gateway runs with (`port` overrides the settings' one).
+
+    On SIGTERM it stops accepting, lets calls in flight finish for up to `shutdown_grace_s`, then
+    cancels the rest (answered 503; a stream already started just ends) and closes the bus. Without that
+    bound one call on a replica that never answers (a vLLM stopping at the same moment can leave
+    one hanging) keeps the gateway, and through its open connection that replica, alive.
+    """
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port if port is None else port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        proxy_headers=False,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
-    return GatewayApp(app, proxy)
 
 
-def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
-    """Litestar's own errors (unknown route, wrong method) in the OpenAI envelope."""
-    if exc.status_code == 404:
-        message = f"unknown route {request.method} {request.url.path}"
-    elif exc.status_code == 405:
-        message = f"method {request.method} not allowed"
-    else:
-        message = str(exc.detail)
-    error = error_for_status(exc.status_code, message)
-    headers = {k.decode(): v.decode() for k, v in error.headers()}
-    return Response(error.body("openai"), status_code=error.status, headers=headers)
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m harnessrl.gateway [--config FILE] [flags]`."""
+    parser = argparse.ArgumentParser(prog="python -m harnessrl.gateway", description="Run the LLM gateway.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

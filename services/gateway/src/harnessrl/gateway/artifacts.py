@@ -12,7 +12,7 @@ import msgspec
 
 from harnessrl.gateway.asgi import Receive, Scope, Send, header, read_body, respond
 from harnessrl.gateway.errors import BadRequest, Unavailable
-from harnessrl.gateway.runtime import Gateway
+from harnessrl.gateway.service import Gateway
 from harnessrl.shared.keys import EpisodeClaims
 from harnessrl.shared.subjects import ARTIFACTS_BUCKET, artifact_object
 

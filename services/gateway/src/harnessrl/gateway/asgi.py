@@ -1,4 +1,4 @@
-"""Small raw-ASGI pieces of the hot path: reading a bounded body, answering, SSE framing.
+"""Small raw-ASGI pieces of the hot path: reading a bounded body, answering, waiting for a disconnect.
 
 The proxy routes run as raw ASGI (in front of Litestar) so a call costs no more than it must: no
 request/response objects, no middleware stack, bytes in and bytes out.
@@ -6,10 +6,10 @@ request/response objects, no middleware stack, bytes in and bytes out.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from harnessrl.gateway.errors import ApiError, Dialect, PayloadTooLarge
+from harnessrl.gateway.errors import ApiError, ClientGone, Dialect, PayloadTooLarge
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -17,20 +17,11 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
 
 
 def span_header(span_id: str) -> tuple[bytes, bytes]:
     """`x-harnessrl-span`: which span records this call (for harness-side correlation)."""
     return (b"x-harnessrl-span", span_id.encode())
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request body arrived."""
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -83,58 +74,3 @@ async def wait_disconnect(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
-
-
-class SseEvent:
-    """One server-sent event: optional `event:` name and the joined `data:` payload."""
-
-    __slots__ = ("data", "name")
-
-    def __init__(self, name: str | None, data: bytes) -> None:
-        self.name = name
-        self.data = data
-
-    def encode(self, data: bytes | None = None) -> bytes:
-        """Frame the event again (with `data` replacing the payload when given)."""
-        payload = self.data if data is None else data
-        if self.name is None:
-            return b"data: " + payload + b"\n\n"
-        return b"event: " + self.name.encode() + b"\ndata: " + payload + b"\n\n"
-
-
-class SseParser:
-    r"""Splits an upstream byte stream into events (tolerates `\\r\\n` and arbitrary chunking)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, chunk: bytes) -> Iterator[SseEvent]:
-        """Events completed by `chunk`."""
-        buffer = self._buffer + chunk
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n")
-        *blocks, self._buffer = buffer.split(b"\n\n")
-        for block in blocks:
-            event = _parse_block(block)
-            if event is not None:
-                yield event
-
-    def tail(self) -> Iterator[SseEvent]:
-        """An unterminated last event at end of stream."""
-        event = _parse_block(self._buffer) if self._buffer.strip() else None
-        self._buffer = b""
-        if event is not None:
-            yield event
-
-
-def _parse_block(block: bytes) -> SseEvent | None:
-    name: str | None = None
-    data: list[bytes] = []
-    for line in block.split(b"\n"):
-        if line.startswith(b"data:"):
-            data.append(line[5:].lstrip(b" "))
-        elif line.startswith(b"event:"):
-            name = line[6:].strip().decode(errors="replace")
-    if not data and name is None:
-        return None
-    return SseEvent(name, b"\n".join(data))

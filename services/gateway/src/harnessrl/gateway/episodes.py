@@ -32,7 +32,7 @@ from harnessrl.shared.contracts import (
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.tokens import TokenDeltaError, reconstruct_prompts, span_context
 
-log = get_logger("harnessrl.gateway.episodes")
+log = get_logger(__name__)
 
 # The harness is done once it exited; terminal events close episodes whose exit was missed.
 CLOSING_EVENTS = (AgentExited, EpisodeCompleted, EpisodeFailed)
@@ -59,8 +59,12 @@ class EpisodeCalls:
         self.last_span, self.last_context = span_id, context
 
 
-class EpisodeBook:
-    """Closed episodes (from lifecycle events) and per-episode call state (LRU, rebuilt on miss)."""
+class EpisodeCache:
+    """What the gateway knows of episodes, all of it a cache of the bus.
+
+    Which episodes are closed and each run's sampling (both from lifecycle events), and each
+    episode's call state (an LRU, rebuilt from the episode's spans on a miss).
+    """
 
     def __init__(self, bus: Bus, *, cache_size: int) -> None:
         self.bus = bus

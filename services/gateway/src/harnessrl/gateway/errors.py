@@ -1,8 +1,10 @@
 """Errors the gateway answers itself, rendered in the envelope of the API the client speaks.
 
 Each class carries its status and error type as defaults (as Litestar's HTTP exceptions do), so
-raising `Unauthorized("...")` anywhere on the hot path is enough; `render` picks the OpenAI
-(`{"error": {...}}`) or Anthropic (`{"type": "error", "error": {...}}`) shape.
+raising `Unauthorized("...")` anywhere on the hot path is enough; `body` picks the OpenAI
+(`{"error": {...}}`) or Anthropic (`{"type": "error", "error": {...}}`) shape. `ApiError` is the
+root of the gateway's errors; `ClientGone` is no error of the gateway's, only the signal that
+nobody is left to answer.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class ApiError(Exception):
         if self.retry_after is not None:
             headers.append((b"retry-after", str(max(1, round(self.retry_after))).encode()))
         return headers
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived (nothing is answered)."""
 
 
 class BadRequest(ApiError):

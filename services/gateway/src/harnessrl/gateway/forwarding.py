@@ -12,16 +12,16 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from harnessrl.gateway.apis import Api
 from harnessrl.gateway.asgi import Scope, Send, header, respond
+from harnessrl.gateway.dialects import Api
 from harnessrl.gateway.errors import BadGateway, GatewayTimeout, Unavailable
 from harnessrl.gateway.recorder import CallRecord
-from harnessrl.gateway.runtime import Gateway
+from harnessrl.gateway.service import Gateway
 from harnessrl.gateway.upstreams import Upstream
 from harnessrl.shared.keys import EpisodeClaims
 from harnessrl.shared.log import get_logger
 
-log = get_logger("harnessrl.gateway.forwarding")
+log = get_logger(__name__)
 
 _encoder = msgspec.json.Encoder()
 _FORWARDED_HEADERS = (b"anthropic-version", b"anthropic-beta")
@@ -137,7 +137,7 @@ class Forwarder:
 
     def garbage(self, upstream: Upstream, exc: Exception) -> BadGateway:
         """The error for an upstream answer the gateway can't read."""
-        log.warning("upstream.garbage", upstream=upstream.url, error=repr(exc))
+        log.warning("upstream.answer_unreadable", upstream=upstream.url, error=repr(exc))
         return BadGateway("the upstream answered an unreadable response")
 
 

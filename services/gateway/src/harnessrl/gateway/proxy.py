@@ -17,10 +17,8 @@ import msgspec
 
 from harnessrl.gateway import artifacts
 from harnessrl.gateway.accesslog import AccessLog
-from harnessrl.gateway.apis import API_BY_PATH, Api
 from harnessrl.gateway.asgi import (
     JSON_HEADERS,
-    ClientGone,
     Receive,
     Scope,
     Send,
@@ -31,10 +29,12 @@ from harnessrl.gateway.asgi import (
 )
 from harnessrl.gateway.auth import KeyVerifier, presented_key
 from harnessrl.gateway.capture import Asked, Capture
+from harnessrl.gateway.dialects import API_BY_PATH, Api
 from harnessrl.gateway.episodes import EpisodeCalls
 from harnessrl.gateway.errors import (
     ApiError,
     BadRequest,
+    ClientGone,
     Dialect,
     Forbidden,
     MethodNotAllowed,
@@ -43,13 +43,13 @@ from harnessrl.gateway.errors import (
 )
 from harnessrl.gateway.forwarding import Forwarder
 from harnessrl.gateway.recorder import CallRecord, request_params
-from harnessrl.gateway.runtime import Gateway
-from harnessrl.gateway.streaming import relay_stream
+from harnessrl.gateway.service import Gateway
+from harnessrl.gateway.stream_relay import relay_stream
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.keys import EpisodeClaims
 from harnessrl.shared.log import get_logger
 
-log = get_logger("harnessrl.gateway.proxy")
+log = get_logger(__name__)
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()

@@ -21,7 +21,7 @@ from harnessrl.shared.contracts import ApiKind, Span, SpanStatus
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.tokens import prompt_delta
 
-log = get_logger("harnessrl.gateway.recorder")
+log = get_logger(__name__)
 
 # Conversation fields are stored as token ids (delta-encoded); the span keeps only parameters.
 _CONVERSATION_FIELDS = frozenset({"messages", "prompt", "input", "system", "tools", "instructions"})

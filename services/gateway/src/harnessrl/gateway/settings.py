@@ -57,14 +57,14 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_grace_s: int = 20
 
     def __post_init__(self) -> None:
-        """Reject values the gateway could not run with."""
+        """Reject values the gateway could not run with, naming the setting."""
         if not 0 <= self.port < 65536:
-            raise msgspec.ValidationError("Expected `port` in 0..65535")
+            raise SettingsError(f"port must be in 0..65535, not {self.port}")
         if self.shutdown_grace_s < 0:
-            raise msgspec.ValidationError("Expected `shutdown_grace_s` >= 0")
+            raise SettingsError(f"shutdown_grace_s must be >= 0, not {self.shutdown_grace_s}")
         for name in ("max_body_bytes", "max_in_flight_per_upstream", "unhealthy_after_failures"):
             if getattr(self, name) < 1:
-                raise msgspec.ValidationError(f"Expected `{name}` >= 1")
+                raise SettingsError(f"{name} must be >= 1, not {getattr(self, name)}")
 
     @property
     def secret(self) -> bytes:
@@ -72,8 +72,12 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
         return self.key_secret.encode()
 
 
-def load_gateway_settings(toml_path: Path | str | None = None, **overrides: Any) -> GatewaySettings:
-    """Read settings from `[gateway]` in a TOML file and `HRL_GATEWAY_*`; fail fast without a secret."""
+def read_settings(toml_path: Path | str | None = None, **overrides: Any) -> GatewaySettings:
+    """Read `[gateway]` from a TOML file, then `HRL_GATEWAY_*`, then `overrides` (None: not given).
+
+    Fails fast with `SettingsError` on an invalid value or without `key_secret`: a gateway that
+    can't verify episode keys would refuse every call.
+    """
     settings = load_settings(
         GatewaySettings, prefix=ENV_PREFIX, section="gateway", toml_path=toml_path, **overrides
     )

@@ -18,7 +18,7 @@ import aiohttp
 
 from harnessrl.shared.log import get_logger
 
-log = get_logger("harnessrl.gateway.upstreams")
+log = get_logger(__name__)
 
 _VIRTUAL_NODES = 64
 

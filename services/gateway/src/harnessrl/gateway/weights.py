@@ -14,7 +14,7 @@ from harnessrl.shared.bus.base import Bus, ConsumerSpec, Delivery, Subscription
 from harnessrl.shared.contracts import WeightVersion
 from harnessrl.shared.log import get_logger
 
-log = get_logger("harnessrl.gateway.weights")
+log = get_logger(__name__)
 
 
 class WeightBook:
@@ -43,7 +43,7 @@ class WeightBook:
         message = delivery.decode(WeightVersion)
         if message.version > self.versions.get(message.run, -1):
             self.versions[message.run] = message.version
-            log.info("weights.version", run=message.run, version=message.version)
+            log.info("weights.updated", run=message.run, version=message.version)
 
     def version(self, run: str, replica_version: int = 0) -> int:
         """The version serving `run` now: the newer of the run's and the replica's."""

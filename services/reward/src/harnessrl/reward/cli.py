@@ -1,4 +1,4 @@
-"""`harnessrl reward grade ...` and `harnessrl tasks build tinyswe --out DIR`."""
+"""`harnessrl reward` (a worker), `harnessrl reward grade ...`, `harnessrl tasks build tinyswe --out DIR`."""
 
 from __future__ import annotations
 
@@ -12,17 +12,22 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.reward.grading import Grade
-from harnessrl.reward.settings import load_reward_settings
+from harnessrl.reward import app
+from harnessrl.reward.graders.base import Grade
+from harnessrl.reward.grading import grading_context
+from harnessrl.reward.settings import read_settings
 from harnessrl.reward.swe.instance import InstanceError, SweInstance
 from harnessrl.reward.swe.pipeline import grade_patch
 from harnessrl.reward.tinyswe.build import build_tinyswe, load_instances
+from harnessrl.shared.settings import SettingsError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `reward` and `tasks` command groups."""
-    reward = subparsers.add_parser("reward", help="grade patches like the reward service does")
-    reward_sub = reward.add_subparsers(dest="reward_command", required=True)
+    reward = subparsers.add_parser("reward", help="run a reward worker, or grade one patch (`grade`)")
+    app.add_arguments(reward)
+    reward.set_defaults(func=app.run)
+    reward_sub = reward.add_subparsers(dest="reward_command")
     grade = reward_sub.add_parser("grade", help="grade one patch in the local sandbox")
     grade.add_argument("--instance", required=True, type=Path, help="instance row (JSON)")
     grade.add_argument("--repo", required=True, type=Path, help="repository at base_commit")
@@ -79,16 +84,16 @@ def cmd_grade(args: argparse.Namespace) -> int:
         overrides["test_timeout_s"] = args.timeout
     if args.partial_credit:
         overrides["partial_credit"] = True
-    settings = load_reward_settings(**overrides)
     try:
+        settings = read_settings(args.config, **overrides)
         row = _read_row(args.instance)
         row["base_commit"] = _base_commit(args.repo, str(row.get("base_commit", "HEAD")))
         instance = SweInstance.from_row(row)
         artifact = args.patch.read_bytes()
-    except (OSError, InstanceError, json.JSONDecodeError) as exc:
+    except (OSError, SettingsError, InstanceError, json.JSONDecodeError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
-    grade = asyncio.run(grade_patch(instance, args.repo.resolve(), artifact, settings.grading_context()))
+    grade = asyncio.run(grade_patch(instance, args.repo.resolve(), artifact, grading_context(settings)))
     sys.stdout.write(json.dumps(msgspec.to_builtins(report(grade))) + "\n")
     return 0 if grade.scored else 1
 

@@ -1,99 +1,36 @@
-"""What a grader returns and how graders are found: built-ins and `harnessrl.graders` plug-ins.
+"""How graders are found and built: the `harnessrl.graders` entry points, and nothing else.
 
-A grader is a class with `async grade(task, artifact) -> Grade`. It is built with
-`cls.from_context(context)` when it defines that classmethod, else with `cls()`. Third-party
-graders register under the entry point group `harnessrl.graders` (name -> class).
+Built-in graders and third-party ones register the same way (a name mapped to a class in the
+entry point group), so one lookup serves both and `harnessrl.reward` installed is the registry.
 """
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import entry_points
-from pathlib import Path
-from typing import Any, Literal, Protocol
 
-import msgspec
-
-from harnessrl.reward.swe.rules import GradingRules
-from harnessrl.reward.swe.sandbox import SandboxLimits
-from harnessrl.shared.contracts import TaskSpec
+from harnessrl.reward.errors import UnknownGraderError
+from harnessrl.reward.graders.base import Grader, GradingContext
+from harnessrl.reward.settings import GradingRules, RewardSettings, SandboxLimits
 
 GRADER_GROUP = "harnessrl.graders"
-Outcome = Literal[
-    "graded",  # the artifact was graded; reward and resolved are meaningful
-    "empty-patch",  # nothing to grade: reward 0
-    "patch-failed",  # no strategy could apply the patch: reward 0
-    "invalid-artifact",  # binary, huge, non-UTF-8 or path-escaping artifact: reward 0
-    "inconsistent",  # the test run contradicts itself (exit code vs report vs log): reward 0
-    "timeout",  # grading ran out of time: not a reward, the episode fails (reward-error)
-    "infra-error",  # the sandbox or the pristine repository failed: the episode fails (infra)
-    "grader-error",  # no such grader, or it crashed: the episode fails (reward-error)
-]
-SCORED_OUTCOMES = frozenset({"graded", "empty-patch", "patch-failed", "invalid-artifact", "inconsistent"})
 
 
-class Grade(msgspec.Struct, frozen=True, kw_only=True):
-    """A grader's verdict: the reward, whether the task is resolved, and why."""
-
-    reward: float
-    resolved: bool | None = None
-    outcome: Outcome = "graded"
-    details: dict[str, Any] = msgspec.field(default_factory=dict)
-
-    @property
-    def scored(self) -> bool:
-        """Whether the verdict is a reward (else the episode fails)."""
-        return self.outcome in SCORED_OUTCOMES
-
-
-class GradingContext(msgspec.Struct, frozen=True, kw_only=True):
-    """What graders may need from the service's settings."""
-
-    tasks_root: str = "."
-    python: str = "python3"
-    limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
-    rules: GradingRules = msgspec.field(default_factory=GradingRules)
-    max_artifact_bytes: int = 2 * 1024 * 1024
-    work_root: str | None = None
-    # "kubernetes" grades SWE tasks in a Job from `instance["image"]` (in-cluster credentials).
-    sandbox: Literal["local", "kubernetes"] = "local"
-    namespace: str = "default"
-
-    def resolve(self, path: str) -> Path:
-        """A task path made absolute against `tasks_root`."""
-        candidate = Path(path)
-        return candidate if candidate.is_absolute() else Path(self.tasks_root) / candidate
-
-
-class Grader(Protocol):
-    """The plug-in interface."""
-
-    async def grade(self, task: TaskSpec, artifact: bytes) -> Grade:
-        """Grade one artifact for one task."""
-        ...
-
-
-class UnknownGraderError(LookupError):
-    """No built-in or plug-in grader has that name."""
-
-
-def _builtin(name: str) -> type | None:
-    from harnessrl.reward.graders import BUILTIN_GRADERS
-
-    return BUILTIN_GRADERS.get(name)
+def grader_names() -> list[str]:
+    """Every registered grader name, sorted."""
+    return sorted({entry.name for entry in entry_points(group=GRADER_GROUP)})
 
 
 def grader_class(name: str) -> type:
-    """The class registered as `name`: a built-in, else an entry point in `harnessrl.graders`."""
-    found = _builtin(name)
-    if found is not None:
-        return found
-    for entry in entry_points(group=GRADER_GROUP):
-        if entry.name == name:
-            loaded = entry.load()
-            if not isinstance(loaded, type):
-                raise UnknownGraderError(f"entry point {name!r} is not a class")
-            return loaded
-    raise UnknownGraderError(f"no grader named {name!r}")
+    """The class registered as `name` in the `harnessrl.graders` entry points."""
+    found = entry_points(group=GRADER_GROUP, name=name)
+    if not found:
+        known = ", ".join(grader_names()) or "none"
+        raise UnknownGraderError(f"no grader named {name!r} is registered (known: {known})")
+    loaded = next(iter(found)).load()
+    if not isinstance(loaded, type):
+        raise UnknownGraderError(f"entry point {name!r} is not a class")
+    return loaded
 
 
 def build_grader(name: str, context: GradingContext) -> Grader:
@@ -104,3 +41,23 @@ def build_grader(name: str, context: GradingContext) -> Grader:
     if not callable(getattr(grader, "grade", None)):
         raise UnknownGraderError(f"grader {name!r} has no grade method")
     return grader  # type: ignore[no-any-return]
+
+
+def grading_context(settings: RewardSettings) -> GradingContext:
+    """The part of the service's settings that graders see."""
+    return GradingContext(
+        tasks_root=settings.tasks_root,
+        python=settings.python or sys.executable,
+        limits=SandboxLimits(
+            timeout_s=settings.test_timeout_s,
+            memory_bytes=settings.memory_bytes,
+            isolate_network=settings.isolate_network,
+            drop_privileges=settings.drop_privileges,
+        ),
+        rules=GradingRules(
+            xfail_passes_f2p=settings.xfail_passes_f2p, partial_credit=settings.partial_credit
+        ),
+        max_artifact_bytes=settings.max_artifact_bytes,
+        sandbox=settings.sandbox,
+        namespace=settings.namespace,
+    )

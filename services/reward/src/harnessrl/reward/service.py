@@ -14,11 +14,12 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.reward.grading import Grade, GradingContext, UnknownGraderError, build_grader
+from harnessrl.reward.errors import ArtifactUnavailableError, BusUnavailableError, UnknownGraderError
+from harnessrl.reward.graders.base import Grade, GradingContext
+from harnessrl.reward.grading import build_grader, grading_context
 from harnessrl.reward.settings import RewardSettings
 from harnessrl.shared import subjects
-from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, KeyValue, Subscription, TransientError
-from harnessrl.shared.bus.base import BusError
+from harnessrl.shared.bus import Bus, BusError, ConsumerSpec, Delivery, KeyValue, Subscription
 from harnessrl.shared.contracts import (
     AgentExited,
     ArtifactRef,
@@ -31,7 +32,7 @@ from harnessrl.shared.contracts import (
 )
 from harnessrl.shared.log import get_logger
 
-_log = get_logger("harnessrl.reward.service")
+_log = get_logger(__name__)
 
 
 class StoredResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,10 +41,6 @@ class StoredResult(msgspec.Struct, frozen=True, kw_only=True):
     subject: str
     msg_id: str
     event: bytes
-
-
-class ArtifactUnavailableError(RuntimeError):
-    """The artifact is gone or corrupted: the episode fails as infra."""
 
 
 def result_key(run: str, episode: str) -> str:
@@ -64,7 +61,7 @@ class RewardService:
     def __init__(self, bus: Bus, settings: RewardSettings) -> None:
         self.bus = bus
         self.settings = settings
-        self.context: GradingContext = settings.grading_context()
+        self.context: GradingContext = grading_context(settings)
         self.graded = 0
         self.republished = 0
         self._results: KeyValue | None = None
@@ -110,7 +107,7 @@ class RewardService:
         try:
             await self.bus.publish(result.subject, decode_event(result.event), msg_id=result.msg_id)
         except BusError as exc:
-            raise TransientError(f"publish failed: {exc}", delay=2.0) from exc
+            raise BusUnavailableError(f"publish failed: {exc}") from exc
 
     async def _grade_event(self, event: AgentExited) -> StoredResult:
         log = _log.bind(run=event.run, episode=event.episode, task=event.task)
@@ -121,7 +118,7 @@ class RewardService:
         except ArtifactUnavailableError as exc:
             return _failed(event, "infra", str(exc))
         grade = await self._run_grader(event.task_spec, artifact, log)
-        log.info("reward.graded", outcome=grade.outcome, reward=grade.reward, resolved=grade.resolved)
+        log.info("episode.graded", outcome=grade.outcome, reward=grade.reward, resolved=grade.resolved)
         if grade.scored:
             return _scored(event, grade)
         cause = "infra" if grade.outcome == "infra-error" else "reward-error"
@@ -137,7 +134,7 @@ class RewardService:
         except UnknownGraderError as exc:
             return _grader_error(str(exc))
         except Exception as exc:
-            log.exception("reward.grader_crashed")
+            log.exception("grader.crashed")
             return _grader_error(f"grader raised {type(exc).__name__}: {exc}")
 
     async def _artifact(self, ref: ArtifactRef | None) -> bytes:
@@ -159,7 +156,7 @@ class RewardService:
         except KeyError as exc:
             raise ArtifactUnavailableError(f"artifact {name!r} is not in the object store") from exc
         except BusError as exc:
-            raise TransientError(f"object store unavailable: {exc}", delay=2.0) from exc
+            raise BusUnavailableError(f"object store unavailable: {exc}") from exc
 
 
 def _grader_error(reason: str) -> Grade:

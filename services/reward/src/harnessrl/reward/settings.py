@@ -1,18 +1,39 @@
-"""The reward service's settings (env `HRL_REWARD_*` or the `[reward]` table of a TOML file)."""
+"""The reward service's settings (env `HRL_REWARD_*` or the `[reward]` table of a TOML file).
+
+A leaf: it imports nothing of the service, so anything (the stack, a test) can build
+`RewardSettings` without loading graders. The limits and rules graders apply live here too,
+as plain Structs; `grading.grading_context` turns settings into what graders see.
+"""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
-from harnessrl.reward.grading import GradingContext
-from harnessrl.reward.swe.rules import GradingRules
-from harnessrl.reward.swe.sandbox import SandboxLimits
 from harnessrl.shared.net import DEFAULT_NATS_URL
-from harnessrl.shared.settings import load_settings
+from harnessrl.shared.settings import SettingsError, load_settings
+
+
+class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """Resource limits for one sandboxed command."""
+
+    timeout_s: float = 120.0
+    memory_bytes: int = 2 * 1024**3
+    file_bytes: int = 64 * 1024**2
+    processes: int = 512
+    isolate_network: bool = True
+    drop_privileges: bool = True
+
+
+class GradingRules(msgspec.Struct, frozen=True, kw_only=True):
+    """Knobs of the resolution rules; the defaults are stricter than SWE-bench on XFAIL."""
+
+    # An XFAIL on a FAIL_TO_PASS test is a test the patch did not fix; SWE-bench counts it as pass.
+    xfail_passes_f2p: bool = False
+    # Shaping: an unresolved patch earns f2p_rate * p2p_rate instead of 0 (resolved is always 1).
+    partial_credit: bool = False
 
 
 class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,32 +67,16 @@ class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
     log_format: Literal["json", "console"] = "json"
 
     def __post_init__(self) -> None:
-        """Reject values no worker could run with."""
+        """Reject values no worker could run with, naming the field."""
         if self.concurrency < 1:
-            raise msgspec.ValidationError("Expected `concurrency` >= 1")
-        if self.grade_timeout_s <= 0 or self.test_timeout_s <= 0:
-            raise msgspec.ValidationError("Expected timeouts > 0")
-
-    def grading_context(self) -> GradingContext:
-        """The part graders see."""
-        return GradingContext(
-            tasks_root=self.tasks_root,
-            python=self.python or sys.executable,
-            limits=SandboxLimits(
-                timeout_s=self.test_timeout_s,
-                memory_bytes=self.memory_bytes,
-                isolate_network=self.isolate_network,
-                drop_privileges=self.drop_privileges,
-            ),
-            rules=GradingRules(xfail_passes_f2p=self.xfail_passes_f2p, partial_credit=self.partial_credit),
-            max_artifact_bytes=self.max_artifact_bytes,
-            sandbox=self.sandbox,
-            namespace=self.namespace,
-        )
+            raise SettingsError(f"concurrency must be >= 1 (got {self.concurrency})")
+        for name in ("grade_timeout_s", "test_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be > 0 (got {getattr(self, name)})")
 
 
-def load_reward_settings(toml_path: Path | str | None = None, **overrides: Any) -> RewardSettings:
-    """Read settings from defaults, TOML, `HRL_REWARD_*` and overrides."""
+def read_settings(toml_path: Path | str | None = None, **overrides: Any) -> RewardSettings:
+    """Read settings from defaults, TOML, `HRL_REWARD_*` and overrides (highest last)."""
     return load_settings(
         RewardSettings, prefix="HRL_REWARD_", section="reward", toml_path=toml_path, **overrides
     )

@@ -1,5 +1,7 @@
-"""`python -m harnessrl.trainer [--config ...]`: run the trainer service."""
+"""`python -m harnessrl.trainer [--config FILE] [flags]`: run the trainer service."""
 
-from harnessrl.trainer.cli import main
+import sys
 
-main()
+from harnessrl.trainer.app import main
+
+sys.exit(main())

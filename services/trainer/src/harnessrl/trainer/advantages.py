@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import Literal
 
 import msgspec
 import numpy as np
@@ -28,20 +27,7 @@ from verl.trainer.ppo import core_algos
 
 from harnessrl.shared.contracts import RolloutComplete
 from harnessrl.trainer.samples import TrainingRow
-
-Estimator = Literal["grpo", "grpo_no_std", "rloo"]
-
-
-class AdvantageSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """How groups are formed and advantages computed."""
-
-    estimator: Estimator = "grpo"
-    # Failure causes that are not the policy's doing: such rollouts leave their group.
-    excluded_failures: tuple[str, ...] = ("infra", "reward-error")
-    # A group trains only with at least this many valid members (a baseline needs two).
-    min_group_size: int = 2
-    # Groups whose rewards differ by less than this carry no signal and are skipped.
-    zero_variance_eps: float = 1e-6
+from harnessrl.trainer.settings import AdvantageSettings, Estimator
 
 
 class AssembledRollout(msgspec.Struct, kw_only=True):

@@ -1,26 +1,115 @@
-"""Wiring: settings to a running trainer service (bus, engine, replicas, metrics)."""
+"""The trainer process: settings -> logging -> bus -> service -> run until signalled.
+
+`python -m harnessrl.trainer` and `harnessrl trainer` both come here. The process stops on
+SIGTERM/SIGINT or when the service reaches `max_steps`; an error from the training loop
+propagates (the process fails) after the service and the bus are closed.
+
+The service's own modules import torch and verl, so they are imported only once settings are
+valid: `harnessrl --help` builds this module's parser and must stay fast.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import contextlib
-import signal
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.log import configure_logging, get_logger
-from harnessrl.trainer.metrics import MetricsSink
-from harnessrl.trainer.nccl_sync import NcclReplicaSync
-from harnessrl.trainer.replica import VllmReplica
-from harnessrl.trainer.service import TrainerService
-from harnessrl.trainer.settings import TrainerSettings
-from harnessrl.trainer.training import Trainer
-from harnessrl.trainer.weight_sync import ReplicaSync, WeightSyncer
+from harnessrl.shared.settings import SettingsError
+from harnessrl.shared.signals import run_until_signalled
+from harnessrl.trainer.settings import TrainerSettings, read_settings
 
-log = get_logger("harnessrl.trainer.app")
+if TYPE_CHECKING:
+    from harnessrl.trainer.service import TrainerService
+    from harnessrl.trainer.training import Trainer
+    from harnessrl.trainer.weight_sync import WeightSyncer
+
+log = get_logger(__name__)
+# Flags that override a setting of the same name (None: not given on the command line).
+OVERRIDES = (
+    "run",
+    "model_dir",
+    "checkpoint_dir",
+    "nats_url",
+    "replicas",
+    "mode",
+    "staleness",
+    "batch_groups",
+    "max_steps",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The process options: a TOML file and the settings most often given by hand."""
+    parser.add_argument("--config", help="TOML file with a [trainer] table")
+    parser.add_argument("--run", help="run id")
+    parser.add_argument("--model-dir", dest="model_dir", help="starting policy (HF directory)")
+    parser.add_argument("--checkpoint-dir", dest="checkpoint_dir", help="checkpoint root")
+    parser.add_argument("--nats-url", dest="nats_url", help="NATS server URL")
+    parser.add_argument("--replica", dest="replicas", action="append", help="vLLM base URL")
+    parser.add_argument("--mode", choices=("sync", "async"), help="on-policy or bounded staleness")
+    parser.add_argument("--staleness", type=int, help="allowed version lag in async mode")
+    parser.add_argument("--batch-groups", dest="batch_groups", type=int, help="groups per step")
+    parser.add_argument("--max-steps", dest="max_steps", type=int, help="stop after this step")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load settings and run the service until signalled or `max_steps`; 2 on invalid settings."""
+    overrides: dict[str, Any] = {name: getattr(args, name, None) for name in OVERRIDES}
+    try:
+        settings = read_settings(args.config, **overrides)
+    except SettingsError as exc:
+        sys.stderr.write(f"harnessrl trainer: {exc}\n")
+        return 2
+    configure_logging("json")
+    asyncio.run(serve(settings))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m harnessrl.trainer [options]`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m harnessrl.trainer", description="run the trainer service"
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+async def serve(settings: TrainerSettings) -> None:
+    """Connect the bus, build the service and run it until signalled or finished."""
+    bus = NatsBus(settings.nats_url)
+    await bus.connect()
+    try:
+        await bus.ensure_streams()
+        service = await build_service(settings, bus)
+        try:
+            await run_until_signalled(service, finished=service.wait())
+        finally:
+            log.info("trainer.stopped", run=settings.run, version=service.trainer.version)
+    finally:
+        await bus.close()
+
+
+async def build_service(settings: TrainerSettings, bus: NatsBus) -> TrainerService:
+    """The trainer service with its engine (built on a thread: seconds), sync back-end and sinks."""
+    from harnessrl.trainer.metrics import MetricsSink
+    from harnessrl.trainer.service import TrainerService
+    from harnessrl.trainer.training import Trainer
+
+    trainer = await asyncio.to_thread(Trainer, settings)
+    sink = MetricsSink(settings.run, settings.tensorboard_dir, settings.trackers)
+    return TrainerService(bus, trainer, build_sync(settings, trainer), sink)
 
 
 def build_sync(settings: TrainerSettings, trainer: Trainer) -> WeightSyncer:
     """The configured weight-sync back-end over every configured vLLM server."""
+    from harnessrl.trainer.nccl_sync import NcclReplicaSync
+    from harnessrl.trainer.replica import VllmReplica
+    from harnessrl.trainer.weight_sync import ReplicaSync
+
     replicas = [VllmReplica(url, settings.served_model) for url in settings.replicas]
     if settings.weight_transfer == "nccl":
         return NcclReplicaSync(
@@ -37,36 +126,3 @@ def build_sync(settings: TrainerSettings, trainer: Trainer) -> WeightSyncer:
         tolerance=settings.probe_tolerance,
         collocated=settings.collocated,
     )
-
-
-async def run_service(settings: TrainerSettings) -> None:
-    """Run until SIGTERM/SIGINT or `max_steps`."""
-    bus = NatsBus(settings.nats_url)
-    await bus.connect()
-    await bus.ensure_streams()
-    trainer = await asyncio.to_thread(Trainer, settings)
-    sink = MetricsSink(settings.run, settings.tensorboard_dir, settings.trackers)
-    service = TrainerService(bus, trainer, build_sync(settings, trainer), sink)
-    await service.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    waiter = asyncio.create_task(stop.wait())
-    done = asyncio.create_task(service.wait())
-    try:
-        await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
-        if done.done():
-            done.result()
-    finally:
-        waiter.cancel()
-        await service.stop()
-        await bus.close()
-        log.info("trainer.stopped", run=settings.run, version=trainer.version)
-
-
-def main(settings: TrainerSettings) -> None:
-    """Configure logging and run the service to completion."""
-    configure_logging("json")
-    asyncio.run(run_service(settings))

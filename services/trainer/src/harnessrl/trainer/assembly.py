@@ -17,16 +17,8 @@ import msgspec
 
 from harnessrl.shared.contracts import RolloutComplete, Span
 from harnessrl.trainer.advantages import AssembledRollout
-from harnessrl.trainer.samples import BuildReport, SampleLimits, build_rows
-
-
-class PoolSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Bounds on waiting for spans and group members."""
-
-    # A rollout whose spans are still incomplete this long after it arrived is dropped.
-    span_wait_s: float = 60.0
-    # A group still missing members this long after its first member arrived trains as it is.
-    group_wait_s: float = 300.0
+from harnessrl.trainer.samples import BuildReport, build_rows
+from harnessrl.trainer.settings import PoolSettings, SampleLimits
 
 
 class _Pending(msgspec.Struct, kw_only=True):

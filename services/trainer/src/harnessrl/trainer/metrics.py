@@ -16,7 +16,7 @@ from harnessrl.shared.log import get_logger
 from harnessrl.trainer.advantages import AssembledRollout, GroupOutcome
 from harnessrl.trainer.samples import BuildReport
 
-log = get_logger("harnessrl.trainer.metrics")
+log = get_logger(__name__)
 
 
 def batch_metrics(
@@ -75,7 +75,7 @@ class MetricsSink:
     def write(self, metrics: StepMetrics) -> None:
         """Emit one step everywhere configured."""
         log.info(
-            "trainer.step",
+            "step.completed",
             run=self.run,
             step=metrics.step,
             version=metrics.version,

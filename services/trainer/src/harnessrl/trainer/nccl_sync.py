@@ -29,8 +29,9 @@ import aiohttp
 import torch
 
 from harnessrl.trainer.engine import PolicyEngine
+from harnessrl.trainer.errors import WeightSyncError
 from harnessrl.trainer.replica import VllmReplica
-from harnessrl.trainer.weight_sync import TrainerProbe, WeightSyncError, verify_probe
+from harnessrl.trainer.weight_sync import TrainerProbe, verify_probe
 
 
 class NcclReplicaSync:

@@ -20,13 +20,10 @@ import msgspec
 
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.net import VLLM_CLIENT_KEEPALIVE_S
+from harnessrl.trainer.errors import ReplicaError
 
 PauseMode = Literal["abort", "wait", "keep"]
-_log = get_logger(__name__)
-
-
-class ReplicaError(RuntimeError):
-    """A replica refused or failed an admin call; carries the status and body."""
+log = get_logger(__name__)
 
 
 class LogprobProbe(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,7 +89,7 @@ class VllmReplica:
         reset = await self._call("POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
         if not (reset or {}).get("success"):
             raise ReplicaError(f"prefix cache not reset after reload: {reset!r}")
-        _log.info("replica.reloaded", replica=self.base_url, checkpoint=path)
+        log.info("replica.reloaded", replica=self.base_url, checkpoint=path)
 
     async def load_version(self, checkpoint_dir: Path | str, version: int | str) -> None:
         """Switch to `checkpoint_dir` as weight `version` with no request sampled across the switch.

@@ -30,6 +30,7 @@ import msgspec
 
 from harnessrl.shared.contracts import Span
 from harnessrl.shared.tokens import common_prefix_len, reconstruct_prompts
+from harnessrl.trainer.settings import SampleLimits
 
 MISMATCH_KINDS = ("retry", "template_dropped", "retokenized", "rewrote_history", "branch")
 
@@ -53,15 +54,6 @@ class TrainingRow(msgspec.Struct, kw_only=True):
     def trained_tokens(self) -> int:
         """How many tokens carry loss in this row."""
         return sum(self.loss_mask)
-
-
-class SampleLimits(msgspec.Struct, frozen=True, kw_only=True):
-    """Length limits of training rows."""
-
-    # A call whose prompt alone is longer starts no row (its tokens are not trained).
-    max_prompt_len: int = 4096
-    # Rows are cut here; sampled tokens beyond the cut are not trained and the row is closed.
-    max_seq_len: int = 8192
 
 
 class BuildReport(msgspec.Struct, kw_only=True):

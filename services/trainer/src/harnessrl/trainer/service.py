@@ -2,11 +2,11 @@
 
 Acknowledgement rule: a rollout is acked only once a checkpoint covers it (trained in a committed
 step, or dropped and persisted). The bus acks when a handler returns, so the handler settles a
-rollout it has not yet covered by raising `TransientError`: JetStream redelivers it after
-`ack_recheck_s`, and the redelivery is acked once the rollout is settled. After a kill -9 the
-unacked rollouts come back; the settled ones are acked without training, the rest are assembled
-again. A restart also republishes the latest version if the crash came between checkpoint and
-publish (`published` flag), and reloads the replicas from the latest checkpoint.
+rollout it has not yet covered by raising `RolloutNotSettled` (a `TransientError`): JetStream
+redelivers it after `ack_recheck_s`, and the redelivery is acked once the rollout is settled.
+After a kill -9 the unacked rollouts come back; the settled ones are acked without training, the
+rest are assembled again. A restart also republishes the latest version if the crash came between
+checkpoint and publish (`published` flag), and reloads the replicas from the latest checkpoint.
 
 Steps run on a worker thread so the consumer keeps assembling rollouts while the engine trains
 (the asynchronous mode's overlap); sync vs async differ only in the staleness bound.
@@ -22,17 +22,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harnessrl.shared import subjects
-from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription, TransientError
+from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription
 from harnessrl.shared.contracts import RolloutComplete, Span, StepMetrics, WeightVersion
 from harnessrl.shared.log import get_logger
 from harnessrl.trainer.advantages import AssembledRollout
 from harnessrl.trainer.assembly import RolloutPool
+from harnessrl.trainer.errors import RolloutNotSettled
 from harnessrl.trainer.metrics import MetricsSink
 from harnessrl.trainer.samples import TrainingRow
 from harnessrl.trainer.training import StepResult, Trainer
 from harnessrl.trainer.weight_sync import WeightSyncer
 
-log = get_logger("harnessrl.trainer.service")
+log = get_logger(__name__)
 
 
 def weights_digest(hf_dir: Path) -> str:
@@ -62,6 +63,7 @@ class TrainerService:
         self._subscription: Subscription | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._step_task: asyncio.Future[None] | None = None
+        self._started = asyncio.Event()
         self._wake = asyncio.Event()
         # Rollouts of the step being trained: out of the pool, not yet settled.
         self._in_step: set[str] = set()
@@ -87,6 +89,7 @@ class TrainerService:
         )
         self._subscription = await self.bus.subscribe(spec, self._on_rollout)
         self._loop_task = asyncio.create_task(self._train_loop(), name="trainer-loop")
+        self._started.set()
         log.info("trainer.started", run=self.settings.run, version=self.trainer.version)
 
     async def stop(self) -> None:
@@ -102,7 +105,11 @@ class TrainerService:
         self.sink.close()
 
     async def wait(self) -> None:
-        """Until the training loop ends (max_steps reached or a fatal error)."""
+        """Until the training loop ends (max_steps reached or a fatal error, which it raises).
+
+        May be awaited before `start` (as `run_until_signalled` does): it waits for the loop first.
+        """
+        await self._started.wait()
         if self._loop_task is not None:
             await self._loop_task
 
@@ -118,10 +125,7 @@ class TrainerService:
                 self.trainer.drop([key])
                 return
             self._wake.set()
-        raise TransientError("rollout not yet covered by a checkpoint", delay=self._recheck())
-
-    def _recheck(self) -> float:
-        return self.settings.ack_recheck_s
+        raise RolloutNotSettled("rollout not yet covered by a checkpoint", delay=self.settings.ack_recheck_s)
 
     async def _spans_of(self, rollout: RolloutComplete) -> list[Span]:
         subject = subjects.span(rollout.run, rollout.episode)
@@ -196,7 +200,7 @@ class TrainerService:
                 run=state.run, step=state.step, version=state.version, values=values, final=self._done()
             )
         )
-        log.warning("trainer.metrics_recovered", run=state.run, step=state.step)
+        log.warning("metrics.recovered", run=state.run, step=state.step)
 
     async def _sync_replicas(self) -> float:
         version = self.trainer.version

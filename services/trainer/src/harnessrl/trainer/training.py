@@ -24,7 +24,7 @@ from harnessrl.trainer.metrics import batch_metrics
 from harnessrl.trainer.samples import BuildReport, TrainingRow
 from harnessrl.trainer.settings import TrainerSettings
 
-log = get_logger("harnessrl.trainer.training")
+log = get_logger(__name__)
 
 
 class StepResult(msgspec.Struct, kw_only=True):

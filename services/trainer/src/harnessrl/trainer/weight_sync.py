@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Protocol
 
 from harnessrl.shared.log import get_logger
+from harnessrl.trainer.errors import WeightSyncError
 from harnessrl.trainer.replica import VllmReplica
 
-log = get_logger("harnessrl.trainer.weight_sync")
+log = get_logger(__name__)
 TrainerProbe = Callable[[Sequence[int]], Awaitable[list[float]]]
 
 
@@ -33,10 +34,6 @@ class WeightSyncer(Protocol):
 
     async def close(self) -> None:
         """Release clients and connections."""
-
-
-class WeightSyncError(RuntimeError):
-    """A replica did not take the new weights (probe mismatch) or refused the update."""
 
 
 class ReplicaSync:

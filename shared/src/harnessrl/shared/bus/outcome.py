@@ -8,7 +8,7 @@ from harnessrl.shared.bus.base import Delivery, Handler, PermanentError, Transie
 from harnessrl.shared.contracts import ContractError
 from harnessrl.shared.log import get_logger
 
-log = get_logger("harnessrl.bus")
+log = get_logger(__name__)
 
 
 class Settler(Protocol):

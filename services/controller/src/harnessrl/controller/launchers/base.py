@@ -8,12 +8,13 @@ from typing import Literal
 
 import msgspec
 
+from harnessrl.controller.errors import ControllerError
 from harnessrl.shared.contracts import TaskSpec
 
 Outcome = Literal["exited", "timeout", "infra"]
 
 
-class LaunchError(RuntimeError):
+class LaunchError(ControllerError):
     """The harness could not be started (an infra failure: the episode is retried)."""
 
 

@@ -3,13 +3,13 @@
 Starting a Python harness costs far more than the episode itself when the episode is short: the
 interpreter starts, then imports its SDK (`import openai` alone is most of a CPU-second). A run of 64
 two-turn episodes per step would spend most of its time importing. The fork server is a process
-that has already imported the run's `preload` modules and the episode entrypoint; for each episode
+that has already imported the run's `preload` modules and the episode runner; for each episode
 it forks a child that becomes its own session (process group), gets the episode's environment, work
-directory and log files, and runs the entrypoint, whose harness step forks once more and runs the
+directory and log files, and runs the episode runner, whose harness step forks once more and runs the
 harness script as `__main__` (anything that is not `python script.py` is exec'ed as usual).
 
 The children are not the controller's children: the local launcher follows them like adopted
-processes (pid + start time, the exit file the entrypoint writes). The server ignores SIGCHLD so
+processes (pid + start time, the exit file the episode runner writes). The server ignores SIGCHLD so
 the kernel reaps them. Nothing here holds bus credentials: the server starts with the same scrubbed
 environment as any harness.
 """
@@ -27,10 +27,11 @@ import traceback
 from pathlib import Path
 from types import FrameType
 
-from harnessrl.controller import entrypoint
+from harnessrl.controller import episode_runner
+from harnessrl.controller.errors import ControllerError
 
 
-class ForkServerError(RuntimeError):
+class ForkServerError(ControllerError):
     """The fork server could not start an episode."""
 
 
@@ -62,7 +63,7 @@ def _exec(command: list[str]) -> int:
 
 
 def run_forked(command: list[str]) -> int:
-    """The entrypoint's harness step inside the fork server: fork, run, wait, forward signals."""
+    """The episode runner's harness step inside the fork server: fork, run, wait, forward signals."""
     pid = os.fork()
     if pid == 0:
         code = _run_script(command) if _is_python_script(command) else _exec(command)
@@ -103,7 +104,7 @@ def spawn(request: dict[str, object]) -> int:
     code = 70
     try:
         _become_episode(request)
-        code = entrypoint.main(list(request["argv"]), runner=run_forked)  # type: ignore[call-overload]
+        code = episode_runner.main(list(request["argv"]), runner=run_forked)  # type: ignore[call-overload]
     except BaseException:  # noqa: BLE001 - a child must never fall back into the server loop
         traceback.print_exc()
     finally:

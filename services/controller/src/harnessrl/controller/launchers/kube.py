@@ -82,7 +82,7 @@ class KubeLauncher(Launcher):
         self._reported: set[str] = set()
         self._watches: list[ObjectWatch] = []
         self._pump: asyncio.Task[None] | None = None
-        self._log = get_logger("controller.kube", run=run, namespace=self._ns)
+        self._log = get_logger(__name__, run=run, namespace=self._ns)
 
     async def start(self, on_exit: ExitCallback) -> None:
         """Check the API is reachable, then watch the run's Jobs and Pods."""
@@ -120,7 +120,7 @@ class KubeLauncher(Launcher):
                 {"metadata": {"ownerReferences": [owner]}},
                 _preload_content=False,
             )
-        self._log.info("job created" if created else "job already exists", episode=request.episode, job=name)
+        self._log.info("job.created" if created else "job.exists", episode=request.episode, job=name)
         return f"job:{name}"
 
     async def relist(self) -> dict[str, ExitStatus | None]:
@@ -181,7 +181,7 @@ class KubeLauncher(Launcher):
                 _preload_content=False,
             )
         except ApiException as exc:
-            self._log.warning("job delete failed", job=name, status=exc.status)
+            self._log.warning("job.delete_failed", job=name, status=exc.status)
 
     async def _list(self, list_fn: Any, selector: str) -> dict[str, Any]:
         response = await self._call(list_fn, self._ns, label_selector=selector, _preload_content=False)

@@ -90,7 +90,7 @@ def _pod_spec(request: LaunchRequest, spec: LauncherSpec) -> dict[str, Any]:
         "name": CONTAINER,
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "harnessrl.controller.entrypoint", "--", *request.command],
+        "command": ["python", "-m", "harnessrl.controller.episode_runner", "--", *request.command],
         "workingDir": WORKSPACE,
         "resources": {"requests": dict(resources), "limits": dict(resources)},
     }

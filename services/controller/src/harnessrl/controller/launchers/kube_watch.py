@@ -41,7 +41,7 @@ class ObjectWatch:
         self._emit, self._timeout = emit, timeout_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
-        self._log = get_logger("controller.kube.watch", kind=name)
+        self._log = get_logger(__name__, kind=name)
         self.resource_version: str | None = None
         self.relists = 0
 
@@ -71,7 +71,7 @@ class ObjectWatch:
 
     def _back_off(self, failures: int, error: str) -> int:
         delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
-        self._log.warning("watch failed, retrying", error=error, delay_s=delay)
+        self._log.warning("watch.retrying", error=error, delay_s=delay)
         self._stop.wait(delay)
         return failures + 1
 

@@ -2,7 +2,7 @@
 
 Each episode gets `<state_dir>/runs/<run>/<episode>/` with `work/` (the harness's cwd; a copy of
 the pristine repo for SWE tasks), `stdout.log` and `stderr.log`, `proc.json` (pid, start time,
-deadline) and, once it ends, `exit.json` (written by the entrypoint wrapper) and `outcome.json`.
+deadline) and, once it ends, `exit.json` (written by the episode runner) and `outcome.json`.
 The files make the launcher restartable: a new controller relists the folder, adopts harnesses still
 running (enforcing their deadline) and reads how the others ended.
 """
@@ -92,7 +92,7 @@ class LocalLauncher(Launcher):
         self._grace = kill_grace_s
         self._on_exit: ExitCallback | None = None
         self._watchers: dict[str, asyncio.Task[None]] = {}
-        self._log = get_logger("controller.local", run=run)
+        self._log = get_logger(__name__, run=run)
 
     def episode_dir(self, episode: str) -> Path:
         """The folder of one episode (work tree, logs, state files)."""
@@ -104,7 +104,7 @@ class LocalLauncher(Launcher):
         self._on_exit = on_exit
 
     async def launch(self, request: LaunchRequest) -> str:
-        """Start the harness through the entrypoint wrapper; idempotent per episode."""
+        """Start the harness through the episode runner; idempotent per episode."""
         folder = self.episode_dir(request.episode)
         marker = folder / "launch.json"
         if (folder / "proc.json").exists():
@@ -134,7 +134,7 @@ class LocalLauncher(Launcher):
             raise LaunchError(f"cannot start harness: {exc}") from exc
         (folder / "proc.json").write_bytes(msgspec.json.encode(facts))
         self._watchers[request.episode] = asyncio.create_task(watcher)
-        self._log.info("launched", episode=request.episode, pid=facts.pid)
+        self._log.info("harness.launched", episode=request.episode, pid=facts.pid)
         return f"pid:{facts.pid}"
 
     async def relist(self) -> dict[str, ExitStatus | None]:
@@ -188,7 +188,7 @@ class LocalLauncher(Launcher):
 
     async def _spawn(self, request: LaunchRequest, folder: Path, workdir: Path) -> asyncio.subprocess.Process:
         env = self._episode_env(request, folder, workdir)
-        command = [sys.executable, "-m", "harnessrl.controller.entrypoint", "--", *request.command]
+        command = [sys.executable, "-m", "harnessrl.controller.episode_runner", "--", *request.command]
         with (folder / "stdout.log").open("ab") as out, (folder / "stderr.log").open("ab") as err:
             return await asyncio.create_subprocess_exec(
                 *command,
@@ -241,7 +241,7 @@ class LocalLauncher(Launcher):
         folder = self.episode_dir(episode)
         (folder / "outcome.json").write_bytes(msgspec.json.encode(status))
         self._watchers.pop(episode, None)
-        self._log.info("harness ended", episode=episode, outcome=status.outcome, code=status.exit_code)
+        self._log.info("harness.ended", episode=episode, outcome=status.outcome, code=status.exit_code)
         if self._on_exit is not None:
             await self._on_exit(episode, status)
 

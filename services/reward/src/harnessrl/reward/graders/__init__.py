@@ -1,13 +1,5 @@
-"""Built-in graders: exact, regex and numeric answers, and SWE-bench patches."""
+"""The built-in graders (`simple`: exact, regex and numeric answers; `swebench`: patches).
 
-from harnessrl.reward.graders.simple import ExactGrader, NumericGrader, RegexGrader
-from harnessrl.reward.graders.swebench import SweBenchGrader
-
-BUILTIN_GRADERS: dict[str, type] = {
-    "exact": ExactGrader,
-    "regex": RegexGrader,
-    "numeric": NumericGrader,
-    "swebench": SweBenchGrader,
-}
-
-__all__ = ["BUILTIN_GRADERS", "ExactGrader", "NumericGrader", "RegexGrader", "SweBenchGrader"]
+They are registered, like any plug-in, under the `harnessrl.graders` entry points of this
+package's `pyproject.toml`; `harnessrl.reward.grading` finds them there.
+"""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from harnessrl.reward.grading import Grade
+from harnessrl.reward.graders.base import Grade
 from harnessrl.shared.contracts import TaskSpec
 
 MAX_ANSWER_BYTES = 64 * 1024

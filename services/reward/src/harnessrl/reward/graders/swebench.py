@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from harnessrl.reward.grading import Grade, GradingContext
+from harnessrl.reward.graders.base import Grade, GradingContext
 from harnessrl.reward.swe.instance import InstanceError, SweInstance
 from harnessrl.reward.swe.kube import KubernetesGrader, grade_with_job
 from harnessrl.reward.swe.pipeline import grade_patch

@@ -7,8 +7,10 @@ from typing import Any
 
 import msgspec
 
+from harnessrl.reward.errors import RewardError
 
-class InstanceError(ValueError):
+
+class InstanceError(RewardError, ValueError):
     """The instance row is missing fields or has malformed ones."""
 
 

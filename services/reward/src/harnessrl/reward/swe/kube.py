@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.reward.grading import Grade, GradingContext
+from harnessrl.reward.graders.base import Grade, GradingContext
 from harnessrl.reward.swe import podrunner
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.patchfile import InvalidPatchError, Patch, parse_patch

@@ -12,6 +12,8 @@ from pathlib import PurePosixPath
 
 import msgspec
 
+from harnessrl.reward.errors import RewardError
+
 MAX_PATCH_BYTES = 2 * 1024 * 1024
 _DIFF_GIT = re.compile(r"^diff --git (\"?a/.+?\"?) (\"?b/.+\"?)$")
 _FILE_HEADER = re.compile(r"^(?:---|\+\+\+) (\S.*?)(?:\t.*)?$")
@@ -20,7 +22,7 @@ _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 _BAD_MODE = re.compile(r"^(?:new file mode|new mode|old mode|deleted file mode) 120000")
 
 
-class InvalidPatchError(ValueError):
+class InvalidPatchError(RewardError, ValueError):
     """The artifact is not an acceptable patch; the message says why."""
 
 

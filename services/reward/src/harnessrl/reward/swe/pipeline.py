@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harnessrl.reward.grading import Grade, GradingContext
+from harnessrl.reward.graders.base import Grade, GradingContext
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.patchfile import InvalidPatchError, Patch, parse_patch
 from harnessrl.reward.swe.podrunner import pytest_command

@@ -12,20 +12,12 @@ from typing import Literal
 
 import msgspec
 
+from harnessrl.reward.settings import GradingRules
 from harnessrl.reward.swe.testlog import ERROR, FAILED, PASSED, SKIPPED, XFAIL
 
 Resolution = Literal["RESOLVED_FULL", "RESOLVED_PARTIAL", "RESOLVED_NO"]
 _PASSING = frozenset({PASSED, XFAIL})
 _FAILING = frozenset({FAILED, ERROR})
-
-
-class GradingRules(msgspec.Struct, frozen=True, kw_only=True):
-    """Knobs of the resolution rules; the defaults are stricter than SWE-bench on XFAIL."""
-
-    # An XFAIL on a FAIL_TO_PASS test is a test the patch did not fix; SWE-bench counts it as pass.
-    xfail_passes_f2p: bool = False
-    # Shaping: an unresolved patch earns f2p_rate * p2p_rate instead of 0 (resolved is always 1).
-    partial_credit: bool = False
 
 
 class TestsReport(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,22 +19,10 @@ from pathlib import Path
 
 import msgspec
 
-from harnessrl.shared.log import get_logger
+from harnessrl.reward.settings import SandboxLimits
 from harnessrl.shared.signals import signal_group
 
 NOBODY = 65534
-_log = get_logger("harnessrl.reward.sandbox")
-
-
-class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True):
-    """Resource limits for one sandboxed command."""
-
-    timeout_s: float = 120.0
-    memory_bytes: int = 2 * 1024**3
-    file_bytes: int = 64 * 1024**2
-    processes: int = 512
-    isolate_network: bool = True
-    drop_privileges: bool = True
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):

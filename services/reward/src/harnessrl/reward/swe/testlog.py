@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from xml.etree import ElementTree as ET
 
+from harnessrl.reward.errors import RewardError
+
 PASSED = "PASSED"
 FAILED = "FAILED"
 SKIPPED = "SKIPPED"
@@ -22,7 +24,7 @@ _SKIP_SUMMARY_COUNT = re.compile(r"^\[\d+\]$")
 MAX_REPORT_BYTES = 16 * 1024 * 1024
 
 
-class ReportError(ValueError):
+class ReportError(RewardError, ValueError):
     """The JUnit report is missing, too large or not valid XML."""
 
 

@@ -16,6 +16,7 @@ import shutil
 import tomllib
 from pathlib import Path, PurePosixPath
 
+from harnessrl.reward.errors import RewardError
 from harnessrl.reward.swe.podrunner import APPLY_STRATEGIES
 
 CONFIG_NAMES = frozenset(
@@ -36,7 +37,7 @@ _PYTEST_TABLE = re.compile(r"^\s*\[+\s*tool\.pytest\b")
 _ANY_TABLE = re.compile(r"^\s*\[")
 
 
-class WorkspaceError(RuntimeError):
+class WorkspaceError(RewardError, RuntimeError):
     """The pristine repository could not be copied or reset (an infrastructure problem)."""
 
 

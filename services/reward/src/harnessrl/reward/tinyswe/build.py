@@ -32,7 +32,7 @@ from harnessrl.shared.log import get_logger
 
 MUTANTS_PER_LIBRARY = 12
 INSTANCES_FILE = "instances.jsonl"
-_log = get_logger("harnessrl.reward.tinyswe")
+_log = get_logger(__name__)
 
 
 def source_hash() -> str:
@@ -153,7 +153,7 @@ def generate(out: Path, *, python: str, workers: int = 2, per_library: int = MUT
         for library in load_libraries():
             chosen = _choose(library, python, pool, per_library)
             rows.extend(_rows(library, chosen, out / "repos" / library.name))
-            _log.info("tinyswe library built", library=library.name, instances=len(chosen))
+            _log.info("library.built", library=library.name, instances=len(chosen))
     with (out / INSTANCES_FILE).open("w") as handle:
         for row in rows:
             handle.write(json.dumps(row, sort_keys=True) + "\n")

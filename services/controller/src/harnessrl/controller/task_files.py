@@ -8,13 +8,14 @@ from typing import Any
 
 import msgspec
 
+from harnessrl.controller.errors import ControllerError
 from harnessrl.shared.contracts import TaskSpec
 
 # SWE-bench rows carry these; `repo_path` (our addition) points at a pristine checkout.
 _SWE_REQUIRED = ("instance_id", "problem_statement")
 
 
-class TaskFileError(ValueError):
+class TaskFileError(ControllerError):
     """A task row is malformed; the message names the file and line."""
 
 

@@ -10,18 +10,17 @@ once, failures marked with their cause, and the trainer drops them (never as rew
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Coroutine
 from typing import Any
 
+from harnessrl.controller.harness_env import episode_env, key_env
 from harnessrl.controller.launchers import Launcher, LaunchError, LauncherUnavailableError, LaunchRequest
-from harnessrl.controller.lifecycle import EpisodeBook
+from harnessrl.controller.lifecycle import RunEpisodes
 from harnessrl.controller.records import LIVE_PHASES, EpisodeRecord, RunRecord, episode_id, group_id
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.controller.store import EpisodeStore
-from harnessrl.controller.tasks import harness_view
 from harnessrl.shared import subjects
-from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription, TransientError
+from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription
 from harnessrl.shared.contracts import EpisodeFailed, EpisodeScored, TaskSpec, WeightVersion
 from harnessrl.shared.keys import sign_episode_key
 from harnessrl.shared.log import get_logger
@@ -45,7 +44,7 @@ class RunDriver:
         self.spec = record.spec
         self._bus, self._store, self._launcher, self._settings = bus, store, launcher, settings
         self._train = [task for task in tasks if not task.heldout] or tasks
-        self.book = EpisodeBook(
+        self.episodes = RunEpisodes(
             bus,
             store,
             {task.task_id: task for task in tasks},
@@ -53,16 +52,16 @@ class RunDriver:
             infra_retries=self.spec.infra_retries,
             sampling=self.spec.sampling,
         )
-        self.book.on_retry = lambda retry: self.spawn(self.launch(retry))
+        self.episodes.on_retry = lambda retry: self.spawn(self.launch(retry))
         self._wake = asyncio.Event()
-        self.book.on_change = self._wake.set
+        self.episodes.on_change = self._wake.set
         self.version = 0
         self.done = asyncio.Event()
         self._next_group = 0
         self._subscriptions: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
-        self._log = get_logger("controller.run", run=self.spec.run)
+        self._log = get_logger(__name__, run=self.spec.run)
 
     @property
     def total_groups(self) -> int:
@@ -71,10 +70,10 @@ class RunDriver:
 
     async def start(self) -> None:
         """Load state, reconcile with the launcher, subscribe to feeds and start scheduling."""
-        await self.book.load(await self._store.episodes(self.spec.run))
-        scheduled = [r for r in self.book.records.values() if not r.byo]
+        await self.episodes.load(await self._store.episodes(self.spec.run))
+        scheduled = [r for r in self.episodes.records.values() if not r.byo]
         self._next_group = 1 + max((r.batch * self.spec.batch_tasks + r.slot for r in scheduled), default=-1)
-        await self._launcher.start(self.book.exited)
+        await self._launcher.start(self.episodes.exited)
         await self._reconcile()
         await self._subscribe()
         self._loop = asyncio.create_task(self._schedule())
@@ -99,7 +98,7 @@ class RunDriver:
         """Forget a finished background task; a failure is logged, never silently dropped."""
         self._tasks.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
-            self._log.error("background task failed", error=repr(error), exc_info=error)
+            self._log.error("task.failed", error=repr(error), exc_info=error)
 
     # --- scheduling ------------------------------------------------------------------------------
 
@@ -112,14 +111,16 @@ class RunDriver:
 
     def live(self) -> int:
         """Harnesses scheduled or running now (BYO episodes run elsewhere and do not count)."""
-        return sum(1 for r in self.book.records.values() if r.phase in LIVE_PHASES and not r.byo)
+        return sum(1 for r in self.episodes.records.values() if r.phase in LIVE_PHASES and not r.byo)
 
     async def _schedule(self) -> None:
         while True:
             await self._fill()
-            if self._next_group >= self.total_groups and all(r.terminal for r in self.book.records.values()):
+            if self._next_group >= self.total_groups and all(
+                r.terminal for r in self.episodes.records.values()
+            ):
                 await self._store.save_run(RunRecord(spec=self.spec, state="done"))
-                self._log.info("run finished", episodes=len(self.book.records))
+                self._log.info("run.finished", episodes=len(self.episodes.records))
                 self.done.set()
                 return
             await self._wake.wait()
@@ -148,30 +149,30 @@ class RunDriver:
                 )
                 for member in range(size)
             ]
-            added = await asyncio.gather(*(self.book.add(record) for record in records))
+            added = await asyncio.gather(*(self.episodes.add(record) for record in records))
             for record in added:
                 self.spawn(self.launch(record))
 
     async def launch(self, record: EpisodeRecord) -> None:
         """Start a scheduled episode's harness (retried while the launcher is unreachable)."""
         request = self._request(record)
-        async with self.book.lock(record.episode):
-            if self.book.records[record.episode].phase != "scheduled":
+        async with self.episodes.lock(record.episode):
+            if self.episodes.records[record.episode].phase != "scheduled":
                 return
             while True:
                 try:
                     where = await self._launcher.launch(request)
                     break
                 except LauncherUnavailableError as exc:
-                    self._log.warning("launcher unavailable", episode=record.episode, error=str(exc))
+                    self._log.warning("launcher.unavailable", episode=record.episode, error=str(exc))
                     await asyncio.sleep(_UNAVAILABLE_RETRY_S)
                 except LaunchError as exc:
-                    await self.book.infra_failure(self.book.records[record.episode], str(exc))
+                    await self.episodes.infra_failure(self.episodes.records[record.episode], str(exc))
                     return
-            await self.book.started(record.episode, where)
+            await self.episodes.started(record.episode, where)
 
     def _request(self, record: EpisodeRecord) -> LaunchRequest:
-        task = self.book.task_of(record) or TaskSpec(task_id=record.task)
+        task = self.episodes.task_of(record) or TaskSpec(task_id=record.task)
         timeout = self.spec.episode_timeout_s
         return LaunchRequest(
             run=record.run,
@@ -194,21 +195,23 @@ class RunDriver:
 
     async def _reconcile(self) -> None:
         observed = await self._launcher.relist()
-        for record in list(self.book.records.values()):
+        for record in list(self.episodes.records.values()):
             if record.byo or record.phase not in LIVE_PHASES:
                 continue
             if record.episode not in observed:
                 if record.phase == "scheduled":
                     self.spawn(self.launch(record))
                 else:
-                    async with self.book.lock(record.episode):
-                        await self.book.infra_failure(record, "harness lost while the controller was down")
+                    async with self.episodes.lock(record.episode):
+                        await self.episodes.infra_failure(
+                            record, "harness lost while the controller was down"
+                        )
             elif (status := observed[record.episode]) is not None:
-                await self.book.exited(record.episode, status)
+                await self.episodes.exited(record.episode, status)
             elif record.phase == "scheduled":
-                async with self.book.lock(record.episode):
-                    await self.book.started(record.episode, "relisted")
-        self._log.info("reconciled", records=len(self.book.records), observed=len(observed))
+                async with self.episodes.lock(record.episode):
+                    await self.episodes.started(record.episode, "relisted")
+        self._log.info("run.reconciled", records=len(self.episodes.records), observed=len(observed))
 
     async def _subscribe(self) -> None:
         run = self.spec.run
@@ -240,36 +243,7 @@ class RunDriver:
             self._wake.set()
 
     async def _on_scored(self, delivery: Delivery) -> None:
-        if not await self.book.scored(delivery.decode(EpisodeScored)):
-            raise TransientError("episode not exited yet", delay=0.5)
+        await self.episodes.scored(delivery.decode(EpisodeScored))
 
     async def _on_failed(self, delivery: Delivery) -> None:
-        if not await self.book.reward_failed(delivery.decode(EpisodeFailed)):
-            raise TransientError("episode not exited yet", delay=0.5)
-
-
-def episode_env(
-    settings: ControllerSettings, base: dict[str, str], record: EpisodeRecord, task: TaskSpec, model: str
-) -> dict[str, str]:
-    """The harness's plain environment: where the model API is and what the task is."""
-    gateway = settings.gateway_url.rstrip("/")
-    env = dict(base)
-    env.update(
-        OPENAI_BASE_URL=f"{gateway}/v1",
-        ANTHROPIC_BASE_URL=gateway,
-        HARNESSRL_GATEWAY_URL=gateway,
-        HARNESSRL_RUN=record.run,
-        HARNESSRL_EPISODE=record.episode,
-        HARNESSRL_TASK=task.prompt,
-        HARNESSRL_TASK_ID=task.task_id,
-        HARNESSRL_TASK_JSON=json.dumps(harness_view(task)),
-        HARNESSRL_ARTIFACT="patch" if task.kind == "swe" else "answer",
-    )
-    if model:
-        env["HARNESSRL_MODEL"] = model
-    return env
-
-
-def key_env(key: str) -> dict[str, str]:
-    """The variables that carry the episode key (kept out of Job templates)."""
-    return {"OPENAI_API_KEY": key, "ANTHROPIC_API_KEY": key, "HARNESSRL_EPISODE_KEY": key}
+        await self.episodes.reward_failed(delivery.decode(EpisodeFailed))

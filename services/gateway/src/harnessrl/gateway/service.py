@@ -1,10 +1,14 @@
-"""The gateway's running parts, wired once per process and started/stopped with the app."""
+"""The gateway service: its stateful parts, wired once per process and started/stopped with the app.
+
+Everything the routes (`proxy`, `admin`, `asgi_app`) share lives here: the episode cache, weight
+versions, the pause gate, the upstream pool and the span recorder.
+"""
 
 from __future__ import annotations
 
 import asyncio
 
-from harnessrl.gateway.episodes import EpisodeBook
+from harnessrl.gateway.episodes import EpisodeCache
 from harnessrl.gateway.metrics import GatewayMetrics
 from harnessrl.gateway.recorder import SpanRecorder
 from harnessrl.gateway.settings import GatewaySettings
@@ -15,7 +19,7 @@ from harnessrl.shared.bus.base import Bus, ConsumerSpec, Delivery, Subscription
 from harnessrl.shared.contracts import UpstreamRegistration
 from harnessrl.shared.log import get_logger
 
-log = get_logger("harnessrl.gateway")
+log = get_logger(__name__)
 
 
 class Gateway:
@@ -25,7 +29,7 @@ class Gateway:
         self.settings = settings
         self.bus = bus
         self.metrics = GatewayMetrics()
-        self.episodes = EpisodeBook(bus, cache_size=settings.episode_cache_size)
+        self.episodes = EpisodeCache(bus, cache_size=settings.episode_cache_size)
         self.weights = WeightBook(bus)
         self.gate = PauseGate(settings.pause_wait_s)
         self.pool = UpstreamPool(

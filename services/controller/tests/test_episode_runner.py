@@ -1,4 +1,4 @@
-"""The episode entrypoint: runs the harness, collects the artifact, uploads it with the episode key."""
+"""The episode runner: runs the harness, collects the artifact, uploads it with the episode key."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ async def run_wrapper(workdir: Path, script: str, env: dict[str, str]) -> tuple[
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "harnessrl.controller.entrypoint",
+        "harnessrl.controller.episode_runner",
         "--",
         "sh",
         "-c",

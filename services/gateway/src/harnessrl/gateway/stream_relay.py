@@ -1,4 +1,4 @@
-"""Streamed calls: relay SSE events, capture token deltas, publish the span before the last event.
+"""One streamed call: relay its events, capture token deltas, publish the span before the last event.
 
 The terminal event (`[DONE]`, `response.completed`, `message_stop`) is held back until the span is
 acknowledged; if that fails the client gets an error event instead, so no stream completes without
@@ -16,30 +16,19 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from harnessrl.gateway.apis import Api
-from harnessrl.gateway.asgi import (
-    SSE_HEADERS,
-    Receive,
-    Scope,
-    Send,
-    SseEvent,
-    SseParser,
-    respond,
-    span_header,
-    wait_disconnect,
-)
+from harnessrl.gateway.asgi import Receive, Scope, Send, respond, span_header, wait_disconnect
 from harnessrl.gateway.capture import Asked, Capture
+from harnessrl.gateway.dialects import Api
 from harnessrl.gateway.episodes import EpisodeCalls
 from harnessrl.gateway.errors import ApiError
 from harnessrl.gateway.forwarding import Forwarder
 from harnessrl.gateway.recorder import CallRecord
-from harnessrl.gateway.relays import relay_for
+from harnessrl.gateway.sse import SSE_HEADERS, SseEvent, SseParser, relay_for
 from harnessrl.shared.contracts import SpanStatus
 from harnessrl.shared.log import get_logger
 
-log = get_logger("harnessrl.gateway.streaming")
+log = get_logger(__name__)
 
-_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 CLIENT_CLOSED = 499
 

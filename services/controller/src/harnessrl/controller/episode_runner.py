@@ -1,6 +1,6 @@
-"""The episode entrypoint: run the harness, collect its artifact, upload it through the gateway.
+"""The episode runner: run the harness, collect its artifact, upload it through the gateway.
 
-`python -m harnessrl.controller.entrypoint -- <harness command...>` runs inside the episode (a local
+`python -m harnessrl.controller.episode_runner -- <harness command...>` runs inside the episode (a local
 process group or a Job's pod). It holds no bus credentials: the artifact goes to the gateway's
 `PUT /harnessrl/v1/artifact`, authorised by the episode's own key, and the gateway stores it. The
 wrapper exits with the harness's exit code (128 + N when a signal N ended it).
@@ -33,7 +33,7 @@ _UPLOAD_ATTEMPTS = 3
 
 
 def _log() -> structlog.typing.FilteringBoundLogger:
-    return get_logger("controller.entrypoint")
+    return get_logger(__name__)
 
 
 def git_base(workdir: Path) -> str | None:
@@ -81,11 +81,11 @@ def upload(gateway: str, key: str, kind: str, data: bytes) -> dict[str, object] 
                 return answer
         except urllib.error.HTTPError as exc:
             _log().error(
-                "artifact upload refused", status=exc.code, body=exc.read()[:200].decode(errors="replace")
+                "artifact.upload_refused", status=exc.code, body=exc.read()[:200].decode(errors="replace")
             )
             return None
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            _log().warning("artifact upload failed", attempt=attempt, error=str(exc))
+            _log().warning("artifact.upload_failed", attempt=attempt, error=str(exc))
             time.sleep(0.5 * (attempt + 1))
     return None
 
@@ -95,7 +95,7 @@ def run_harness(command: list[str]) -> int:
     try:
         child = subprocess.Popen(command)
     except OSError as exc:
-        _log().error("cannot start harness", command=command[0], error=str(exc))
+        _log().error("harness.start_failed", command=command[0], error=str(exc))
         return 127
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -113,10 +113,10 @@ def collect_and_upload(workdir: Path, base: str | None) -> None:
     data = collect_patch(workdir, base) if kind == "patch" and base else collect_answer(workdir)
     gateway, key = os.environ.get("HARNESSRL_GATEWAY_URL"), os.environ.get("HARNESSRL_EPISODE_KEY")
     if not data or not gateway or not key:
-        _log().info("no artifact to upload", kind=kind, size=len(data or b""))
+        _log().info("artifact.skipped", kind=kind, size=len(data or b""))
         return
     stored = upload(gateway, key, kind, data)
-    _log().info("artifact uploaded" if stored else "artifact lost", kind=kind, size=len(data))
+    _log().info("artifact.uploaded" if stored else "artifact.lost", kind=kind, size=len(data))
 
 
 def main(argv: list[str] | None = None, runner: Callable[[list[str]], int] = run_harness) -> int:
@@ -126,7 +126,9 @@ def main(argv: list[str] | None = None, runner: Callable[[list[str]], int] = run
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        _log().error("usage: python -m harnessrl.controller.entrypoint -- <harness command...>")
+        _log().error(
+            "runner.usage", usage="python -m harnessrl.controller.episode_runner -- <harness command...>"
+        )
         return 2
     workdir = Path(os.environ.get("HARNESSRL_WORKDIR") or Path.cwd())
     base = os.environ.get("HARNESSRL_BASE_COMMIT") or git_base(workdir)
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None, runner: Callable[[list[str]], int] = run
     try:
         collect_and_upload(workdir, base)
     except (OSError, subprocess.CalledProcessError) as exc:
-        _log().error("artifact collection failed", error=str(exc))
+        _log().error("artifact.collect_failed", error=str(exc))
     exit_file = os.environ.get("HARNESSRL_EXIT_FILE")
     if exit_file:
         Path(exit_file).write_text(json.dumps({"exit_code": code}))
