@@ -279,7 +279,7 @@ async def test_access_log_is_one_json_line_per_request_without_prompts(
         err = capsys.readouterr().err
     assert "the-prompt-text-never-logged" not in err and episode.key not in err
     logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    lines = [line for line in logged if line.get("event") == "request"]
+    lines = [line for line in logged if line.get("event") == "request.served"]
     assert [line["status"] for line in lines] == [200, 200, 200, 401]
     for line in lines:
         assert line["level"] == "info" and line["route"] == "/v1/chat/completions"

@@ -10,7 +10,7 @@ from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus
 from harnessrl.shared.contracts import StepMetrics, WeightVersion
 from harnessrl.shared.ids import new_id
-from harnessrl.shared.signals import run_until_signalled
+from harnessrl.shared.process import run_until_signalled
 from harnessrl.testkit.span_sequences import publish_episodes as publish_group
 from harnessrl.testkit.span_sequences import record_group
 from harnessrl.trainer.engine import PolicyEngine

@@ -158,6 +158,10 @@ class EpisodeFailed(EpisodeEventBase, frozen=True, kw_only=True, tag="failed"):
 
     cause: FailureCause
     reason: str = ""
+    # The last lines of the harness's stderr (at most `DETAIL_CHARS`), when it failed on its own.
+    detail: str = ""
+    # Where the episode's logs are (a folder for local episodes, `namespace/job` in Kubernetes).
+    logs: str = ""
 
 
 class EpisodeRetried(EpisodeEventBase, frozen=True, kw_only=True, tag="retried"):
@@ -175,6 +179,8 @@ EpisodeEvent = (
     | EpisodeFailed
     | EpisodeRetried
 )
+DETAIL_CHARS = 2000
+
 TERMINAL_KINDS = frozenset({"completed", "failed"})
 
 
@@ -209,13 +215,19 @@ class RolloutComplete(Message, frozen=True, kw_only=True):
 
 
 class WeightVersion(Message, frozen=True, kw_only=True):
-    """A policy version the trainer produced; versions are monotonic per run."""
+    """A policy version the trainer produced; versions never decrease within a run.
+
+    A step that trained nothing makes no new weights. It still announces itself (the controller's
+    admission counts steps), with `carries_previous` set, the same `version` and checkpoint as the
+    step before and its own `step`: readers that track weights see nothing new to load.
+    """
 
     run: str
     version: int
     step: int
     checkpoint_uri: str = ""
     digest: str = ""
+    carries_previous: bool = False
     created_at: float = msgspec.field(default_factory=now)
 
 
@@ -230,6 +242,24 @@ class StepMetrics(Message, frozen=True, kw_only=True):
     dropped: dict[str, int] = msgspec.field(default_factory=dict)
     # The trainer's last step (its `max_steps`): it trains this run no further.
     final: bool = False
+    # False when the step updated nothing (every group skipped; `dropped` says why).
+    trained: bool = True
+    at: float = msgspec.field(default_factory=now)
+
+
+class RunStopped(Message, frozen=True, kw_only=True):
+    """A run the controller stopped before its end, and why (published once per run).
+
+    `cause` is the failure class the first episodes shared (`agent`, `infra`, ...); `reason` the
+    sentence they shared; `detail` the tail of one of those episodes' stderr; `logs` where to look.
+    """
+
+    run: str
+    cause: str
+    reason: str
+    episodes: int = 0
+    detail: str = ""
+    logs: str = ""
     at: float = msgspec.field(default_factory=now)
 
 
@@ -290,14 +320,16 @@ class RunSpec(Message, frozen=True, kw_only=True):
     reward: str = "auto"
     model: str = ""
     sampling: Sampling = msgspec.field(default_factory=dict)
+    # Stop the run when every episode of its first this-many groups failed the same way (0: never).
+    fail_fast_groups: int = 1
 
     def __post_init__(self) -> None:
         """Reject values no run could use, naming the field."""
         for name in ("group_size", "max_concurrent", "batch_tasks"):
             if getattr(self, name) < 1:
                 raise msgspec.ValidationError(f"Expected `{name}` >= 1")
-        if self.staleness < 0:
-            raise msgspec.ValidationError("Expected `staleness` >= 0")
+        if self.staleness < 0 or self.fail_fast_groups < 0:
+            raise msgspec.ValidationError("Expected `staleness` and `fail_fast_groups` >= 0")
         if self.episode_timeout_s <= 0:
             raise msgspec.ValidationError("Expected `episode_timeout_s` > 0")
 

@@ -59,6 +59,11 @@ def episode_events_of_run(run: str, kind: str = "*") -> str:
     return f"{PREFIX}.episode.{token(run)}.*.{kind}"
 
 
+def run_event(run: str, kind: str) -> str:
+    """Subject of a run-level event (e.g. `stopped`)."""
+    return f"{PREFIX}.run.{token(run)}.{token(kind)}"
+
+
 def rollout(run: str) -> str:
     """Subject of rollout-complete messages of a run."""
     return f"{PREFIX}.rollout.{token(run)}"
@@ -96,12 +101,13 @@ def control(service: str, verb: str) -> str:
 
 SPANS = StreamSpec(name="SPANS", subjects=[f"{PREFIX}.span.>"])
 EPISODES = StreamSpec(name="EPISODES", subjects=[f"{PREFIX}.episode.>"])
+RUNS = StreamSpec(name="RUNS", subjects=[f"{PREFIX}.run.>"])
 ROLLOUTS = StreamSpec(name="ROLLOUTS", subjects=[f"{PREFIX}.rollout.>"])
 WEIGHTS = StreamSpec(name="WEIGHTS", subjects=[f"{PREFIX}.weights.>"])
 METRICS = StreamSpec(name="METRICS", subjects=[f"{PREFIX}.metrics.>"], max_age_s=7 * 86400.0)
 UPSTREAMS = StreamSpec(name="UPSTREAMS", subjects=[f"{PREFIX}.upstream"])
 DLQ = StreamSpec(name="DLQ", subjects=[f"{PREFIX}.dlq.>"])
-ALL_STREAMS = (SPANS, EPISODES, ROLLOUTS, WEIGHTS, METRICS, UPSTREAMS, DLQ)
+ALL_STREAMS = (SPANS, EPISODES, RUNS, ROLLOUTS, WEIGHTS, METRICS, UPSTREAMS, DLQ)
 
 EPISODE_STATE = BucketSpec(name="hrl-episodes")
 ARTIFACTS_BUCKET = "hrl-artifacts"

@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from harnessrl.shared.log import get_logger
-from harnessrl.shared.signals import signal_group
+from harnessrl.shared.process import signal_group
 from harnessrl.stack.spawn import spawn
 
 log = get_logger(__name__)

@@ -39,7 +39,7 @@ from types import TracebackType
 
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.net import free_port
-from harnessrl.shared.signals import signal_group
+from harnessrl.shared.process import signal_group
 from harnessrl.stack.spawn import spawn
 
 DEFAULT_ENV: Mapping[str, str] = {

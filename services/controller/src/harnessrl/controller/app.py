@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harnessrl.controller.settings import ControllerSettings, read_settings
-from harnessrl.shared.log import configure_logging, get_logger
-from harnessrl.shared.settings import SettingsError
-from harnessrl.shared.signals import run_until_signalled
+from harnessrl.shared.log import get_logger
+from harnessrl.shared.process import run_until_signalled, service_main
 
 log = get_logger(__name__)
 
@@ -25,22 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Process entry point: exit code 0 on a clean stop, 2 on a configuration or connection error."""
-    try:
-        settings = read_settings(args.config)
-    except SettingsError as exc:
-        configure_logging("console")
-        log.error("settings.invalid", error=str(exc))
-        return 2
-    configure_logging("json" if settings.log_format == "json" else "console", settings.log_level)
-    from harnessrl.shared.bus import BusError
-
-    try:
-        asyncio.run(serve(settings))
-    except BusError as exc:
-        log.error("controller.stopped", error=str(exc))
-        return 2
-    return 0
+    """Run the controller for parsed `args` (exit codes: `service_main`)."""
+    return service_main("controller", lambda: read_settings(args.config), lambda s: asyncio.run(serve(s)))
 
 
 async def serve(settings: ControllerSettings, stop: asyncio.Event | None = None) -> None:

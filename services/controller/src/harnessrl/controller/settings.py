@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -39,7 +39,8 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     request_timeout_s: float = 10.0
     # The runs this controller owns (empty: every run). One active controller per run.
     runs: list[str] = msgspec.field(default_factory=list)
-    log_format: str = "json"
+    # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.
+    log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:

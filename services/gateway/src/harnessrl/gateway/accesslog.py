@@ -74,7 +74,7 @@ class AccessLog:
 
     def request(self, **fields: Any) -> None:
         """Log one answered request at info level."""
-        self._log.info("request", **fields)
+        self._log.info("request.served", **fields)
 
     def flush(self) -> None:
         """Write what is waiting (at shutdown)."""

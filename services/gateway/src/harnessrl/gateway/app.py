@@ -8,13 +8,11 @@ runs the app's lifespan shutdown (gateway, then bus) and ends the process by the
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from harnessrl.gateway.settings import GatewaySettings, read_settings
-from harnessrl.shared.log import configure_logging
-from harnessrl.shared.settings import SettingsError
+from harnessrl.shared.process import service_main
 
 if TYPE_CHECKING:
     import uvicorn
@@ -36,14 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load settings and serve until SIGTERM/SIGINT; 2 (and one line on stderr) on bad settings."""
-    try:
-        settings = read_settings(args.config, **{name: getattr(args, name) for name in _FLAGS})
-    except SettingsError as exc:
-        sys.stderr.write(f"harnessrl gateway: {exc}\n")
-        return 2
-    configure_logging("json", settings.log_level)
-    serve(settings)
-    return 0
+    flags = {name: getattr(args, name) for name in _FLAGS}
+    return service_main("gateway", lambda: read_settings(args.config, **flags), serve)
 
 
 def serve(settings: GatewaySettings) -> None:

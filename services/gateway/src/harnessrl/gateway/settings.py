@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -51,6 +51,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     # Episodes whose parent span and call counter stay cached (others are rebuilt from the bus).
     episode_cache_size: int = 4096
     access_log: bool = True
+    # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.
+    log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
     # On SIGTERM, calls in flight get this long to finish; then they are cut (503, or a stream just
     # ends) and the gateway exits. Keep it below the pod's terminationGracePeriodSeconds.

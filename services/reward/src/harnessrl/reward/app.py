@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from harnessrl.reward.service import RewardService
 from harnessrl.reward.settings import RewardSettings, read_settings
-from harnessrl.shared.bus import BusError, NatsBus
-from harnessrl.shared.log import configure_logging, get_logger
-from harnessrl.shared.settings import SettingsError
-from harnessrl.shared.signals import run_until_signalled
+from harnessrl.shared.bus import NatsBus
+from harnessrl.shared.log import get_logger
+from harnessrl.shared.process import run_until_signalled, service_main
 
 _log = get_logger(__name__)
 
@@ -41,19 +39,8 @@ async def serve(settings: RewardSettings) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a worker for parsed `args`: 0 after a clean stop, 1 when the bus fails, 2 on invalid settings."""
-    try:
-        settings = read_settings(args.config)
-    except SettingsError as exc:
-        sys.stderr.write(f"harnessrl reward: {exc}\n")
-        return 2
-    configure_logging(settings.log_format, force=True)
-    try:
-        asyncio.run(serve(settings))
-    except BusError as exc:
-        _log.error("bus.failed", error=str(exc))
-        return 1
-    return 0
+    """Run a worker for parsed `args` (exit codes: `service_main`)."""
+    return service_main("reward", lambda: read_settings(args.config), lambda s: asyncio.run(serve(s)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -64,7 +64,9 @@ class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
     partial_credit: bool = False
     sandbox: Literal["local", "kubernetes"] = "local"
     namespace: str = "default"
+    # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.
     log_format: Literal["json", "console"] = "json"
+    log_level: str = "INFO"
 
     def __post_init__(self) -> None:
         """Reject values no worker could run with, naming the field."""

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.shared.bus import NatsBus
-from harnessrl.shared.log import configure_logging, get_logger
-from harnessrl.shared.settings import SettingsError
-from harnessrl.shared.signals import run_until_signalled
+from harnessrl.shared.log import get_logger
+from harnessrl.shared.process import run_until_signalled, service_main
 from harnessrl.trainer.settings import TrainerSettings, read_settings
 
 if TYPE_CHECKING:
@@ -59,14 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load settings and run the service until signalled or `max_steps`; 2 on invalid settings."""
     overrides: dict[str, Any] = {name: getattr(args, name, None) for name in OVERRIDES}
-    try:
-        settings = read_settings(args.config, **overrides)
-    except SettingsError as exc:
-        sys.stderr.write(f"harnessrl trainer: {exc}\n")
-        return 2
-    configure_logging("json")
-    asyncio.run(serve(settings))
-    return 0
+    return service_main(
+        "trainer", lambda: read_settings(args.config, **overrides), lambda s: asyncio.run(serve(s))
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -161,6 +161,9 @@ class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # verl tracking back-ends besides console/TensorBoard, e.g. ["wandb"] or ["mlflow"].
     trackers: list[str] = msgspec.field(default_factory=list)
     max_steps: int = 0
+    # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "INFO"
     engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
     loss: LossSettings = msgspec.field(default_factory=LossSettings)
     advantages: AdvantageSettings = msgspec.field(default_factory=AdvantageSettings)

@@ -32,7 +32,7 @@ from harnessrl.controller.launchers.base import (
 from harnessrl.controller.launchers.forkserver import ForkServer, ForkServerError
 from harnessrl.controller.launchers.process import ProcessFacts, alive, process_facts
 from harnessrl.shared.log import get_logger
-from harnessrl.shared.signals import signal_group
+from harnessrl.shared.process import signal_group
 
 # Environment the harness must never inherit from the controller (bus and signing credentials).
 _PRIVATE_ENV_PREFIXES = ("HRL_", "NATS_")

@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 
 from harnessrl.reward.settings import SandboxLimits
-from harnessrl.shared.signals import signal_group
+from harnessrl.shared.process import signal_group
 
 NOBODY = 65534
 

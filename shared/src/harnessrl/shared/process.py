@@ -1,4 +1,8 @@
-"""Running a service until it is told to stop: the one stop-and-signal loop every service uses."""
+"""Running a service as a process: the one start-up shape and stop-and-signal loop of every service.
+
+`service_main` is the body of each service's `app.run` (settings -> logging -> serve, with the same
+exit codes everywhere); `run_until_signalled` is the loop inside `serve`.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,50 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Awaitable
-from typing import Protocol
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Literal, Protocol, TypeVar
+
+from harnessrl.shared.bus.base import BusError
+from harnessrl.shared.log import configure_logging, get_logger
+from harnessrl.shared.settings import SettingsError
+
+_log = get_logger(__name__)
+
+
+class ServiceSettings(Protocol):
+    """What `service_main` reads of every service's settings."""
+
+    @property
+    def log_format(self) -> Literal["json", "console"]:
+        """How the service logs: JSON lines, or key-value for a person."""
+
+    @property
+    def log_level(self) -> str:
+        """The lowest level logged (stdlib names)."""
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def service_main(service: str, load: Callable[[], S], serve: Callable[[S], None]) -> int:
+    """Load settings, configure logging, `serve` until stopped; the process's exit code.
+
+    0 after a clean stop; 2 when the settings are invalid (one line on stderr naming the service and
+    the setting); 1 when the bus fails for good (logged as `bus.failed`). Any other error propagates.
+    """
+    try:
+        settings = load()
+    except SettingsError as exc:
+        sys.stderr.write(f"harnessrl {service}: {exc}\n")
+        return 2
+    configure_logging(settings.log_format, settings.log_level, force=True)
+    try:
+        serve(settings)
+    except BusError as exc:
+        _log.error("bus.failed", service=service, error=str(exc))
+        return 1
+    return 0
 
 
 class Service(Protocol):
