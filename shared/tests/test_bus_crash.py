@@ -93,3 +93,28 @@ def test_close_after_losing_the_server_is_clean(tmp_path: Path) -> None:
 
 async def _ignore(delivery: Delivery) -> None:
     del delivery
+
+
+async def test_kv_keys_right_after_a_restart_list_every_live_key(nats_server: NatsServer) -> None:
+    """A restarted controller lists its runs from KV at once: every live key, no deleted one.
+
+    (A CI run once saw a restarted controller resume no run; nats-py's watcher-based `keys()`,
+    which can end before it has seen what the server pushed, is no longer used.)
+    """
+    bucket = subjects.BucketSpec(name=new_id("kv"))
+    writer = NatsBus(nats_server.url)
+    await writer.connect()
+    kv = await writer.kv(bucket)
+    for i in range(300):
+        await kv.put(f"ep.{i:03d}", b"x" * 200)
+    for i in range(0, 300, 3):
+        await kv.delete(f"ep.{i:03d}")
+    await writer.close()
+    live = sorted(f"ep.{i:03d}" for i in range(300) if i % 3)
+    await asyncio.to_thread(nats_server.stop)
+    await asyncio.to_thread(nats_server.start)
+    for _ in range(10):
+        reader = NatsBus(nats_server.url)
+        await reader.connect()
+        assert sorted(await (await reader.kv(bucket)).keys()) == live
+        await reader.close()

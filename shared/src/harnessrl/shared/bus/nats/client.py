@@ -249,7 +249,7 @@ class NatsBus(Bus):
             bucket = await self.js.key_value(spec.name)
         except nats.js.errors.BucketNotFoundError:
             bucket = await self.js.create_key_value(bucket=spec.name, history=spec.history)
-        return NatsKeyValue(bucket, self.publish_retry_s)
+        return NatsKeyValue(bucket, self.publish_retry_s, js=self.js, name=spec.name)
 
     async def _object_store(self, bucket: str) -> Any:
         try:

@@ -6,12 +6,18 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import nats.errors
 import nats.js.errors
+from nats.js import JetStreamContext, api
 
 from harnessrl.shared.bus.base import BusError, KeyExistsError, KeyValue, KvEntry, RevisionMismatchError
 from harnessrl.shared.bus.nats.retry import retrying
 
 T = TypeVar("T")
+
+# How a KV entry says it is gone (a delete or purge marker stays the last entry of its key).
+_OPERATION = "KV-Operation"
+_REMOVED = frozenset({"DEL", "PURGE"})
 
 
 class NatsKeyValue(KeyValue):
@@ -23,11 +29,13 @@ class NatsKeyValue(KeyValue):
     (`RevisionMismatchError` / `KeyExistsError`). So a slow server never turns into a false conflict.
     """
 
-    def __init__(self, bucket: Any, retry_s: float) -> None:
+    def __init__(self, bucket: Any, retry_s: float, *, js: JetStreamContext, name: str) -> None:
         self._kv = bucket
         self._retry_s = retry_s
+        self._js = js
+        self._stream, self._prefix = f"KV_{name}", f"$KV.{name}."
 
-    async def retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         return await retrying(
             self._retry_s,
             lambda _: call(),
@@ -35,7 +43,7 @@ class NatsKeyValue(KeyValue):
         )
 
     async def get(self, key: str) -> KvEntry | None:
-        return await self.retrying(f"get {key}", lambda: self._get(key))
+        return await self._call(f"get {key}", lambda: self._get(key))
 
     async def _get(self, key: str) -> KvEntry | None:
         try:
@@ -47,7 +55,7 @@ class NatsKeyValue(KeyValue):
         return KvEntry(key=key, value=bytes(entry.value), revision=int(entry.revision or 0))
 
     async def put(self, key: str, value: bytes) -> int:
-        return await self.retrying(f"put {key}", lambda: self._put(key, value))
+        return await self._call(f"put {key}", lambda: self._put(key, value))
 
     async def _put(self, key: str, value: bytes) -> int:
         return int(await self._kv.put(key, value))
@@ -82,20 +90,44 @@ class NatsKeyValue(KeyValue):
             uncertain = False
             return result
 
-        return await self.retrying(f"write {key}", attempt)
+        return await self._call(f"write {key}", attempt)
 
     async def delete(self, key: str) -> None:
-        await self.retrying(f"delete {key}", lambda: self._delete(key))
+        await self._call(f"delete {key}", lambda: self._delete(key))
 
     async def _delete(self, key: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
             await self._kv.delete(key)
 
     async def keys(self) -> list[str]:
-        return await self.retrying("keys", self._keys)
+        return await self._call("keys", self._keys)
 
     async def _keys(self) -> list[str]:
+        """Every live key, from the last entry per key, read with a pull consumer.
+
+        Not nats-py's `keys()`: its watcher decides "nothing more" from the consumer's pending count
+        next to the number of entries its callback has handled so far, and can end early when the
+        server pushed entries the callback has not seen yet (our suspect for a CI run in which a
+        restarted controller resumed no run). A pull consumer delivers only what
+        is fetched, so its pending count at creation is exact.
+        """
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            headers_only=True,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        )
+        sub = await self._js.pull_subscribe(self._prefix + ">", stream=self._stream, config=config)
         try:
-            return list(await self._kv.keys())
-        except nats.js.errors.NoKeysError:
-            return []
+            pending = (await sub.consumer_info()).num_pending or 0
+            keys = []
+            while pending > 0:
+                for msg in await sub.fetch(min(pending, 256), timeout=5.0):
+                    if (msg.headers or {}).get(_OPERATION) not in _REMOVED:
+                        keys.append(msg.subject[len(self._prefix) :])
+                    pending = msg.metadata.num_pending
+            return keys
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
