@@ -25,13 +25,13 @@ from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import WeightVersion, decode, decode_event, event_kind
 from harnessrl.shared.net import free_port
 from harnessrl.shared.runspec import load_run_spec
-from harnessrl.stack.demo import harness as demo_harness
 from harnessrl.stack.demo.tasks import task_spec, write_tasks
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.stack.train import TrainSession
 
 log = logging.getLogger(__name__)
 CLI = str(Path(sys.executable).parent / "harnessrl")
+SPLIT_HARNESS = Path(__file__).parent / "split_reward_harness.py"
 
 
 def harnessrl(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -51,15 +51,23 @@ def wait_for(
     return time.monotonic() - started
 
 
-def multiply_spec(tmp_path: Path, run: str, steps: int, **extra: str) -> Path:
-    """A run of the demo harness on multiplication tasks: groups of 2, 2 tasks a step."""
+def multiply_spec(
+    tmp_path: Path, run: str, steps: int, command: list[str] | None = None, **extra: str
+) -> Path:
+    """A run on multiplication tasks, groups of 2, 2 tasks a step; by default every step trains.
+
+    The default harness is the demo harness with a reward split inside each group
+    (`split_reward_harness.py`): the tiny model is random, so on its own every group would score
+    0 and no step would train anything.
+    """
     write_tasks(tmp_path / "tasks.jsonl", [task_spec(a, 21) for a in range(10, 22)])
     lines = [f"{key} = {value}" for key, value in extra.items()]
+    argv = command or [sys.executable, str(SPLIT_HARNESS)]
     spec = tmp_path / f"{run}.toml"
     spec.write_text(
         f'run = "{run}"\ntasks = "tasks.jsonl"\ngroup_size = 2\nbatch_tasks = 2\nmax_steps = {steps}\n'
         'mode = "sync"\nstaleness = 0\n' + "".join(line + "\n" for line in lines) + "[launcher]\n"
-        f'command = ["{sys.executable}", "{Path(demo_harness.__file__)}"]\npreload = ["openai"]\n'
+        f'command = {json.dumps(argv)}\npreload = ["openai"]\n'
     )
     return spec
 
@@ -182,14 +190,7 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_leaves_a_resumable_run(tmp_path: Path, tiny_model: Path) -> None:
-    write_tasks(tmp_path / "tasks.jsonl", [task_spec(a, 21) for a in range(10, 22)])
-    harness = Path(demo_harness.__file__)
-    spec = tmp_path / "run.toml"
-    spec.write_text(
-        'run = "resume"\ntasks = "tasks.jsonl"\ngroup_size = 2\nbatch_tasks = 2\nmax_steps = 3\n'
-        'mode = "sync"\n'
-        f'staleness = 0\n[launcher]\ncommand = ["{sys.executable}", "{harness}"]\npreload = ["openai"]\n'
-    )
+    spec = multiply_spec(tmp_path, "resume", 3)
     home = tmp_path / "home"
     cli = str(Path(sys.executable).parent / "harnessrl")
     argv = [cli, "train", str(spec), "--model", str(tiny_model), "--home", str(home)]
@@ -367,3 +368,89 @@ def test_sigkill_of_train_leaves_no_process_behind(tmp_path: Path, tiny_model: P
         lambda: {"survivors": survivors(tree), "orphans": orphans(home)},
     )
     log.info("%d processes gone %.1f s after the SIGKILL", len(tree), took)
+
+
+def flat(text: str) -> str:
+    """Text without whitespace: rich wraps (and folds long words) at the terminal width."""
+    return "".join(text.split())
+
+
+def last_line(text: str) -> dict[str, object]:
+    return dict(json.loads(text.strip().splitlines()[-1]))
+
+
+def test_a_harness_that_cannot_start_stops_the_run_within_a_minute(tmp_path: Path, tiny_model: Path) -> None:
+    """Every episode of the first group fails the same way: the run stops, and the command says why."""
+    broken = ["sh", "-c", "echo cannot start >&2; exit 2"]
+    spec = multiply_spec(tmp_path, "broken", 3, broken)
+    home = tmp_path / "home"
+    out, err = tmp_path / "train.out", tmp_path / "train.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        argv = [CLI, "train", str(spec), "--model", str(tiny_model), "--home", str(home)]
+        train = subprocess.Popen(argv, stdout=stdout, stderr=stderr)
+    try:
+        episodes = home / "controller" / "runs" / "broken"
+        wait_for(
+            lambda: train.poll() is not None or (episodes.is_dir() and any(episodes.iterdir())),
+            300,
+            "the first episode",
+            lambda: read(err)[-2000:],
+        )
+        started = time.monotonic()
+        train.wait(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        if train.poll() is None:
+            train.kill()
+    log.info("harnessrl train exited %.1f s after the first episode", took)
+    said = read(err)
+    assert train.returncode == 1, said[-3000:]
+    assert took < 60, took
+    summary = json.loads((home / "runs" / "broken" / "summary.json").read_text())
+    stopped = summary["stopped"]
+    assert stopped is not None, summary
+    assert "cannot start" in stopped["detail"] and stopped["logs"] and stopped["episodes"] >= 2
+    assert stopped["cause"] in said and flat(stopped["reason"]) in flat(said), said[-3000:]
+    assert "cannot start" in said and flat(stopped["logs"]) in flat(said) and "Traceback" not in said
+    assert "stopped" in summary["why"]
+    assert last_line(read(out)) == {"run": "broken", "steps": 0, "version": 0}
+    assert (home / "runs" / "broken" / "progress.png").stat().st_size > 0
+    assert orphans(home) == []
+
+
+def test_a_run_that_trains_nothing_warns_and_fails(tmp_path: Path, tiny_model: Path) -> None:
+    """Episodes that never call the model complete, but no step has a token to train on."""
+    spec = multiply_spec(tmp_path, "idle", 3, ["sh", "-c", "true"])
+    home = tmp_path / "home"
+    argv = [CLI, "train", str(spec), "--model", str(tiny_model), "--home", str(home)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "warning: steps 1-3 (3 in a row) trained nothing" in said and "Traceback" not in said
+    assert "nothing was trained: none of the 3 steps updated the policy" in said
+    summary = json.loads((home / "runs" / "idle" / "summary.json").read_text())
+    [warning] = summary["warnings"]
+    assert (warning["first_step"], warning["last_step"]) == (1, 3) and sum(warning["counts"].values()) > 0
+    assert summary["trained_steps"] == 0 and summary["stopped"] is None
+    assert "nothing was trained" in summary["why"]
+    assert all(reason in summary["why"] for reason in warning["counts"])
+    assert last_line(done.stdout) == {"run": "idle", "steps": 3, "version": 0}
+    assert (home / "runs" / "idle" / "progress.png").stat().st_size > 0
+    assert orphans(home) == []
+
+
+def test_max_steps_flag_shortens_the_run(tmp_path: Path, tiny_model: Path) -> None:
+    spec = multiply_spec(tmp_path, "short", 5)
+    home = tmp_path / "home"
+    argv = [CLI, "train", str(spec), "--max-steps", "1", "--model", str(tiny_model), "--home", str(home)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert last_line(done.stdout) == {"run": "short", "steps": 1, "version": 1}
+    summary = json.loads((home / "runs" / "short" / "summary.json").read_text())
+    assert summary["max_steps"] == 1 and summary["trained_steps"] == 1 and summary["why"] is None
+    assert orphans(home) == []
+
+
+def test_max_steps_below_one_is_refused(tmp_path: Path, spec_file: Path) -> None:
+    done = harnessrl(str(spec_file), "--max-steps", "0", home=tmp_path / "home")
+    assert done.returncode == 2 and "--max-steps: must be 1 or more, not 0" in done.stderr

@@ -15,13 +15,14 @@ import pytest
 SECRET = "cli-secret"
 
 
-async def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+async def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "harnessrl.controller.cli",
         *args,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -42,7 +43,7 @@ def spec_file(tmp_path: Path, run: str, launcher: str) -> Path:
 
 @pytest.fixture
 async def controller(nats_server: Any, tmp_path: Path) -> AsyncIterator[tuple[str, list[str]]]:
-    runs = [f"cli-{os.urandom(3).hex()}", f"clik-{os.urandom(3).hex()}"]
+    runs = [f"cli{n}-{os.urandom(3).hex()}" for n in range(4)]
     env = {
         **os.environ,
         "HRL_CONTROLLER_NATS_URL": nats_server.url,
@@ -95,7 +96,7 @@ async def test_service_refuses_to_start_without_a_key_secret(tmp_path: Path) -> 
 
 
 async def test_submit_status_open_close(controller: tuple[str, list[str]], tmp_path: Path) -> None:
-    nats, (run, kube_run) = controller
+    nats, (run, kube_run, *_) = controller
     spec = spec_file(tmp_path, run, '[launcher]\ncommand = ["sh", "-c", "echo 4 > answer.txt"]\n')
     code, out, err = await cli("run", "submit", str(spec), "--nats", nats, "--timeout", "30")
     assert (code, out) == (0, f"run {run} submitted: 1 tasks, 1 groups of 1\n"), err
@@ -124,3 +125,43 @@ async def test_submit_status_open_close(controller: tuple[str, list[str]], tmp_p
         and "cannot reach the Kubernetes API at http://127.0.0.1:9" in err
         and "Traceback" not in err
     )
+
+
+async def test_a_missing_script_is_refused_before_submitting(tmp_path: Path) -> None:
+    spec = spec_file(tmp_path, "x3", '[launcher]\ncommand = ["python", "../nowhere/harness.py"]\n')
+    code, _, err = await cli("run", "submit", str(spec), "--nats", "nats://127.0.0.1:9")
+    missing = tmp_path.parent / "nowhere" / "harness.py"
+    assert code == 1 and f"script ../nowhere/harness.py (resolved to {missing}) does not exist" in err
+
+
+async def test_relative_paths_mean_the_spec_folder_and_a_missing_program_is_refused(
+    controller: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    nats, (*_, run, missing_run) = controller
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "harness.sh").write_text("echo 4 > answer.txt\n")
+    spec = spec_file(folder, run, '[launcher]\ncommand = ["sh", "harness.sh"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code, out, err = await cli("run", "submit", "../specs/" + spec.name, "--nats", nats, cwd=elsewhere)
+    assert code == 0 and "submitted" in out, err
+    async with asyncio.timeout(30):  # the harness ran (exit 0): the script was found
+        while "exited=1" not in (await cli("run", "status", run, "--nats", nats))[1]:
+            await asyncio.sleep(0.3)
+
+    spec = spec_file(folder, missing_run, '[launcher]\ncommand = ["nosuch-harness-bin"]\n')
+    code, _, err = await cli("run", "submit", str(spec), "--nats", nats)
+    assert code == 1 and "program nosuch-harness-bin is not on the controller's PATH" in err
+    code, out, _ = await cli("run", "status", "--nats", nats)
+    assert "submissions refused since the controller started: 1" in out
+
+
+async def test_status_says_a_run_stopped_and_why(controller: tuple[str, list[str]], tmp_path: Path) -> None:
+    nats, (_, _, run, _) = controller
+    spec = spec_file(tmp_path, run, '[launcher]\ncommand = ["sh", "-c", "echo boom >&2; exit 3"]\n')
+    assert (await cli("run", "submit", str(spec), "--nats", nats))[0] == 0
+    async with asyncio.timeout(30):
+        while not (out := (await cli("run", "status", run, "--nats", nats))[1]).startswith(f"{run}: stopped"):
+            await asyncio.sleep(0.3)
+    assert "(agent: harness exited with 3)" in out and "boom" in out and "logs: /" in out

@@ -156,6 +156,7 @@ async def test_agent_failure_and_timeout_are_terminal_not_retried(harness: Harne
         max_steps=1,
         episode_timeout_s=1.5,
         launcher=LauncherSpec(command=["sh", "-c", script]),
+        fail_fast_groups=0,  # the first group fails: this run must still go on
     )
     await asyncio.wait_for(driver.done.wait(), 60)
     rollouts = {r.task: r for r in await harness.rollouts()}
@@ -191,6 +192,46 @@ async def test_sync_mode_waits_for_the_next_weight_version(harness: Harness) -> 
     assert {e.expected_version for e in scheduled if e.episode.startswith("e0001")} == {1}
 
 
+async def test_a_step_that_trained_nothing_still_admits_the_next_batch(harness: Harness) -> None:
+    driver = await harness.submit(group_size=1, batch_tasks=1, max_steps=2, mode="sync")
+    async with asyncio.timeout(60):
+        while not all(r.terminal for r in driver.episodes.records.values()):
+            await asyncio.sleep(0.1)
+    assert not driver.admitted(1)
+    # The trainer skipped its step: same weights (version 0), but step 1 is done.
+    carried = WeightVersion(run=harness.run, version=0, step=1, carries_previous=True)
+    await harness.bus.publish(subjects.weights(harness.run), carried, msg_id=f"{harness.run}:s1")
+    await asyncio.wait_for(driver.done.wait(), 60)
+    assert {r.batch for r in driver.episodes.records.values()} == {0, 1}
+    assert (driver.version, driver.steps) == (0, 1)
+    scheduled = [e for e in await harness.events() if kind(e) == "scheduled"]
+    assert {e.expected_version for e in scheduled if e.episode.startswith("e0001")} == {0}
+
+
+async def test_a_local_harness_this_machine_cannot_start_is_refused_at_submit(
+    harness: Harness, tmp_path: Path
+) -> None:
+    gone = tmp_path / "gone.py"
+    for command, message in (
+        (["nosuch-harness-bin", "-y"], "program nosuch-harness-bin is not on the controller's PATH"),
+        (["python3", str(gone)], f"script {gone} does not exist"),
+        (["python3", "agent.py"], "script agent.py is a relative path"),
+    ):
+        spec = {
+            "run": harness.run,
+            "tasks": str(write_tasks(tmp_path)),
+            "launcher": {"command": command},
+        }
+        raw = await harness.bus.request(control_api.subject("submit"), json.dumps({"spec": spec}).encode())
+        reply = json.loads(raw)
+        assert not reply["ok"] and "`launcher.command[" in reply["error"] and message in reply["error"]
+    assert harness.controller is not None and harness.run not in harness.controller.runs
+    assert await harness.controller.store.run(harness.run) is None  # nothing was recorded
+    assert await harness.events() == []  # no episode started
+    raw = await harness.bus.request(control_api.subject("status"), b"{}")
+    assert json.loads(raw)["refused"] == {harness.run: 3}
+
+
 async def test_async_mode_admits_within_the_staleness_bound(harness: Harness) -> None:
     driver = await harness.submit(group_size=1, batch_tasks=1, max_steps=4, mode="async", staleness=2)
     async with asyncio.timeout(60):
@@ -224,8 +265,8 @@ async def test_kube_eviction_is_retried_as_a_new_attempt(harness: Harness) -> No
     kube_jobs.complete(store, store.get("jobs", "default", job_name(harness.run, retry)))
     await asyncio.wait_for(driver.done.wait(), 60)
     events = await harness.events()
-    assert [(kind(e), e.cause) for e in events if e.episode == first and kind(e) == "failed"] == [
-        ("failed", "infra")
+    assert [(kind(e), e.cause, e.logs) for e in events if e.episode == first and kind(e) == "failed"] == [
+        ("failed", "infra", f"default/{job_name(harness.run, first)}")
     ]
     assert [e.new_episode for e in events if kind(e) == "retried"] == [retry]
     rollouts = await harness.rollouts()

@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator
 
 import aiohttp
+import msgspec
 import pytest
 
 from harnessrl.controller.launchers.base import ExitStatus
@@ -81,6 +82,8 @@ async def test_watch_reports_how_jobs_end(
     kube, seen = launcher
     await kube.launch(launch_request("e2", ["true"]))
     await drive(fake_kube, "e2", action, **query)
+    # Where the episode's logs are: its Job, `<namespace>/<job name>`.
+    expected = msgspec.structs.replace(expected, logs=f"default/{job_name('r1', 'e2')}")
     assert await seen.wait("e2") == expected
     assert (await kube.relist())["e2"] == expected
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.controller.launchers.episode_logs import log_tail
 from harnessrl.controller.launchers.local import LocalLauncher
 from harnessrl.controller.launchers.process import ProcessFacts, alive
+from harnessrl.shared.contracts import DETAIL_CHARS
 from harnessrl.testkit.exits import ExitRecorder, launch_request
 
 
@@ -50,6 +52,18 @@ async def test_non_zero_exit(tmp_path: Path, exits: type[ExitRecorder]) -> None:
     status = await seen.wait("e2")
     assert (status.outcome, status.exit_code) == ("exited", 3)
     assert "oops" in (launcher.episode_dir("e2") / "stderr.log").read_text()
+    # The failure carries its stderr's tail and where its logs are, also when relisted.
+    assert status.detail.startswith("oops") and status.logs == str(launcher.episode_dir("e2"))
+    assert (await launcher.relist())["e2"] == status
+
+
+def test_the_stderr_tail_is_whole_last_lines_within_the_limit(tmp_path: Path) -> None:
+    log = tmp_path / "stderr.log"
+    log.write_text("".join(f"line {n}\n" for n in range(5000)))
+    tail = log_tail(log, limit=DETAIL_CHARS)
+    assert len(tail) <= DETAIL_CHARS and tail.endswith("line 4999")
+    assert tail.splitlines()[0].startswith("line ") and len(tail.splitlines()[0]) == len("line 4999")
+    assert log_tail(tmp_path / "none.log") == ""
 
 
 async def test_missing_harness_binary_exits_127(tmp_path: Path, exits: type[ExitRecorder]) -> None:

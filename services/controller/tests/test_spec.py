@@ -34,6 +34,7 @@ def tasks_file(tmp_path: Path) -> Path:
         {"task_id": "m1", "prompt": "What is 12*13?", "answer": "156"},
         {"instance_id": "repo__x-1", "problem_statement": "Fix it", "repo_path": "repos/x"},
     ]
+    write(tmp_path, "harness.py", "print('hi')\n")
     return write(tmp_path, "tasks.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
 
 
@@ -41,6 +42,7 @@ def test_toml_and_yaml_specs_load_with_tasks_resolved(tmp_path: Path, tasks_file
     spec = load_run_spec(write(tmp_path, "run.toml", GOOD))
     assert (spec.run, spec.group_size, spec.mode, spec.staleness) == ("demo-1", 4, "async", 2)
     assert spec.tasks == str(tasks_file.resolve())
+    assert spec.launcher.command == ["python", str(tmp_path / "harness.py")]
     yaml_spec = load_run_spec(
         write(tmp_path, "run.yaml", "run: y1\ntasks: tasks.jsonl\nlauncher:\n  command: [sh, -c, 'true']\n")
     )
@@ -59,6 +61,7 @@ def test_toml_and_yaml_specs_load_with_tasks_resolved(tmp_path: Path, tasks_file
         (GOOD.replace('command = ["python", "harness.py"]', "command = []"), "launcher.command"),
         (GOOD.replace('kind = "local"', 'kind = "kubernetes"'), "launcher.image"),
         (GOOD.replace('"tasks.jsonl"', '"missing.jsonl"'), "does not exist"),
+        (GOOD.replace('"harness.py"', '"missing.py"'), "`launcher.command[1]`: script missing.py"),
         ("run = [", "not valid TOML"),
     ],
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from typing import Literal, TextIO
 
 import structlog
 
@@ -17,16 +17,21 @@ _PER_REQUEST_LOGGERS = ("httpx", "httpx2", "httpcore", "openai", "anthropic")
 
 
 def configure_logging(
-    style: Literal["json", "console"] = "json", level: str = "INFO", *, force: bool = False
+    style: Literal["json", "console"] = "json",
+    level: str = "INFO",
+    *,
+    force: bool = False,
+    stream: TextIO | None = None,
 ) -> None:
-    """Set up structlog and stdlib logging; later calls are no-ops unless `force`."""
+    """Set up structlog and stdlib logging to `stream` (stderr); later calls are no-ops unless `force`."""
     global _configured  # noqa: PLW0603 - process-wide logging is configured exactly once
     if _configured and not force:
         return
+    stream = stream or sys.stderr
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if style == "json"
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
     structlog.configure(
         processors=[
@@ -37,10 +42,10 @@ def configure_logging(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(name)s %(message)s")
+    logging.basicConfig(level=level.upper(), stream=stream, format="%(name)s %(message)s", force=force)
     threshold = logging.getLevelName(level.upper())
     for name in _PER_REQUEST_LOGGERS:  # shown when debugging
         logging.getLogger(name).setLevel(

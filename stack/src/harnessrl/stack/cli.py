@@ -10,19 +10,24 @@ import argparse
 import asyncio
 import json
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harnessrl.shared.bus import BusError
 from harnessrl.shared.log import configure_logging
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
+from harnessrl.stack.follow import RunProgress
 from harnessrl.stack.local import LocalStack, StackPorts
 from harnessrl.stack.natsserver import NatsServerError
+from harnessrl.stack.readiness import wait_serving
 from harnessrl.stack.supervisor import SupervisorError, pid_alive, read_state
 from harnessrl.stack.train import TrainError, TrainSession
 from harnessrl.stack.vllm import VllmServerError
@@ -62,6 +67,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.start_controller()
         if spec is not None:
             stack.start_trainer(spec, Path(args.model))
+        wait_serving(stack.nats_url, spec.run if spec else None, stack.check)
         trains = f", trainer for run {spec.run}" if spec else ""
         console.print(
             f"[green]up[/]: nats {stack.nats_url}, gateway {stack.gateway_url}{trains}; Ctrl-C stops"
@@ -86,6 +92,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     except RunSpecError as exc:
         console.print(f"[red]bad run spec:[/] {exc}")
         return 2
+    if args.max_steps is not None:
+        spec = msgspec.structs.replace(spec, max_steps=args.max_steps)
     local_only = [flag for flag in ("model", "nats_port", "gateway_port") if getattr(args, flag)]
     if args.nats_url and local_only:
         flags = ", ".join("--" + flag.replace("_", "-") for flag in local_only)
@@ -104,13 +112,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         sys.stdout.write(
             json.dumps({"run": spec.run, "steps": progress.step, "version": progress.version}) + "\n"
         )
-        if progress.step < spec.max_steps:
-            console.print(
-                f"[red]error:[/] the trainer of run {spec.run} stopped at step {progress.step} (its own "
-                f"max_steps), short of this spec's {spec.max_steps}: raise the deployment trainer's max_steps"
-            )
-            return 1
-        return 0
+        return report(progress, session.run_dir / "summary.json")
     except KeyboardInterrupt:
         console.print("stopped; run the same command again to resume")
         return 130
@@ -119,6 +121,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 1
     finally:
         session.stop()
+
+
+def report(progress: RunProgress, summary: Path) -> int:
+    """Say what went wrong with a followed run (stop cause, stderr tail, logs); 1 if anything did."""
+    problems = progress.problems()
+    for problem in problems:
+        console.print(f"[red]error:[/] {escape(problem)}")
+    stop = progress.stopped
+    if stop is not None and stop.detail:
+        console.print("the end of one failed episode's stderr:")
+        console.print(textwrap.indent(stop.detail.rstrip(), "  "), markup=False, highlight=False)
+    if stop is not None and stop.logs:
+        console.print(f"its logs: {escape(stop.logs)}")
+    if problems:
+        console.print(f"summary: {summary}")
+    return 1 if problems else 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -156,6 +174,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: built-in commands plus every service's registered ones."""
     parser = argparse.ArgumentParser(prog="harnessrl", description=__doc__)
@@ -188,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--nats-url",
         default=None,
         help="submit to an existing deployment and follow (starts nothing; it trains its own model)",
+    )
+    train.add_argument(
+        "--max-steps",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="train at most N steps (overrides the spec's max_steps; a shorter try). With --nats-url "
+        "it can only lower the count: the deployment's trainer stops at its own max_steps",
     )
     train.add_argument("--home", default=None)
     train.add_argument("--nats-port", type=int, default=0)

@@ -4,7 +4,9 @@ Locally (the embedded default) it starts nats-server, vLLM on the CPU, gateway, 
 and trainer as supervised processes, submits the run and follows it to its last step with a live
 terminal view. Ctrl-C stops everything cleanly; the run's state (KV, streams, checkpoints) stays in
 the state folder, so the same command resumes it. At the end it prints a summary and writes a plot
-under `.harnessrl/runs/<run>/`.
+under `.harnessrl/runs/<run>/`. Following ends early when the controller stops the run (`RunStopped`:
+its first episodes all failed the same way); `RunProgress.problems()` then says why, as it does for a
+run in which no step trained anything.
 
 With `--nats-url` it starts nothing: it submits the run to that deployment and follows it. The
 deployment trains its own model: a deployment's trainer is configured for one run (its `run`,
@@ -25,6 +27,7 @@ import msgspec
 import nats.js.errors
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from harnessrl.shared import control_api, subjects
 from harnessrl.shared.bus import BusError, NatsBus
@@ -74,6 +77,13 @@ async def check_reachable(url: str, timeout_s: float = 5.0) -> None:
         await probe_nats(url, timeout_s)
     except NatsUnreachable as exc:
         raise TrainError(f"{exc}: is the deployment up?") from None
+
+
+def announce_warnings(view: Live, progress: RunProgress, shown: int) -> int:
+    """Print the warnings after the first `shown` above the live view; returns how many are shown."""
+    for warning in progress.warnings[shown:]:
+        view.console.print(f"[yellow]warning:[/] {escape(warning.message())}")
+    return len(progress.warnings)
 
 
 class TrainSession:
@@ -126,7 +136,11 @@ class TrainSession:
         self.stack.start_trainer(self.spec, model_dir)
 
     async def follow(self, on_version: VersionHook | None = None, *, live: bool = True) -> RunProgress:
-        """Submit the run and follow it until the trainer finished `max_steps`."""
+        """Submit the run and follow it until the trainer finished `max_steps` or the run stopped.
+
+        A stopped run returns too (`progress.stopped` says why); `progress.problems()` lists what
+        went wrong.
+        """
         if not self.local:
             await check_reachable(self.stack.nats_url)
         bus = NatsBus(self.stack.nats_url)
@@ -162,23 +176,26 @@ class TrainSession:
             )
 
     async def _watch(self, on_version: VersionHook | None, live: bool) -> None:
-        seen_version = self.progress.version
-        with Live(render(self.progress), console=console, refresh_per_second=2, transient=not live) as view:
-            while not self.progress.trained():
+        """Refresh the view until training is over or the controller stopped the run."""
+        progress, seen_version, warned = self.progress, self.progress.version, 0
+        with Live(render(progress), console=console, refresh_per_second=2, transient=not live) as view:
+            while progress.stopped is None and not progress.finished():
                 if self.local:
                     await asyncio.to_thread(self.stack.check)
-                if on_version is not None and self.progress.version > seen_version:
-                    seen_version = self.progress.version
-                    await on_version(seen_version, self.progress)
-                view.update(render(self.progress))
+                if on_version is not None and progress.version > seen_version:
+                    seen_version = progress.version
+                    await on_version(seen_version, progress)
+                warned = announce_warnings(view, progress, warned)
+                view.update(render(progress))
                 await asyncio.sleep(0.5)
-            self.progress.phase = "finished"
-            view.update(render(self.progress))
+            announce_warnings(view, progress, warned)
+            progress.phase = "stopped" if progress.stopped is not None else "finished"
+            view.update(render(progress))
 
     def finish(self) -> Path:
         """Write the plot and the summary; returns the plot path."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        summary = msgspec.json.encode(self.progress)
+        summary = msgspec.json.encode(self.progress.summary())
         (self.run_dir / "summary.json").write_bytes(summary)
         return plot(self.progress, self.run_dir / "progress.png")
 

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -135,9 +136,27 @@ def _cmd_status(args: argparse.Namespace) -> int:
         for name, info in reply["runs"].items():
             phases = ", ".join(f"{k}={v}" for k, v in sorted(info.get("phases", {}).items()))
             lines.append(f"{name}: {info['state']} {phases}".rstrip())
+            if stopped := info.get("stopped"):
+                lines.extend(_stopped_lines(stopped))
+        refused = sum(reply.get("refused", {}).values())
+        if refused:
+            lines.append(f"submissions refused since the controller started: {refused}")
         return "\n".join(lines or ["no runs"]) + "\n"
 
     return _answer(args, "status", control_api.StatusRequest(run=args.run), human)
+
+
+def _stopped_lines(stopped: dict[str, Any]) -> list[str]:
+    """Why a run stopped: the shared failure, where the logs are, the tail of one stderr."""
+    lines = [
+        f"  stopped: all {stopped['episodes']} episodes of its first groups failed "
+        f"({stopped['cause']}: {stopped['reason']})",
+        f"  logs: {stopped['logs'] or '(none)'}",
+    ]
+    if stopped.get("detail"):
+        lines.append("  stderr tail:")
+        lines.extend(f"    {line}" for line in str(stopped["detail"]).splitlines()[-10:])
+    return lines
 
 
 def _cmd_open(args: argparse.Namespace) -> int:
@@ -147,6 +166,7 @@ def _cmd_open(args: argparse.Namespace) -> int:
             f"export OPENAI_BASE_URL={r['base_url']}\nexport OPENAI_API_KEY={r['key']}\n"
             f"export ANTHROPIC_BASE_URL={r['anthropic_base_url']}\nexport ANTHROPIC_API_KEY={r['key']}\n"
             f"export HARNESSRL_EPISODE_KEY={r['key']}\n"
+            f"export HARNESSRL_TASK={shlex.quote(r['prompt'])}\n"
         )
 
     return _answer(args, "open", control_api.OpenRequest(run=args.run, task=args.task), human)

@@ -119,9 +119,20 @@ def collect_and_upload(workdir: Path, base: str | None) -> None:
     _log().info("artifact.uploaded" if stored else "artifact.lost", kind=kind, size=len(data))
 
 
+def _configure_logging() -> None:
+    """Log to `HARNESSRL_RUNNER_LOG` when set (local episodes), else stderr (the pod's log).
+
+    Locally the harness's own stderr goes to its own file, and what the runner says after the
+    harness ended (artifact collection) must not read as the harness's last words there.
+    """
+    path = os.environ.get("HARNESSRL_RUNNER_LOG")
+    stream = Path(path).open("a", buffering=1) if path else None  # noqa: SIM115 - open for the process's life
+    configure_logging("console", stream=stream, force=True)
+
+
 def main(argv: list[str] | None = None, runner: Callable[[list[str]], int] = run_harness) -> int:
     """Entry point: returns the harness's exit code (`runner` starts it; the fork server swaps it)."""
-    configure_logging("console")
+    _configure_logging()
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--"]:
         args = args[1:]

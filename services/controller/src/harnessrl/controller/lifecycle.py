@@ -55,6 +55,8 @@ class RunEpisodes:
         self.records: dict[str, EpisodeRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.on_retry: Relaunch | None = None
+        # False once the run is stopped: infra failures then end for good instead of relaunching.
+        self.retrying = True
         self.on_change: Callable[[], None] = lambda: None
         self._log = get_logger(__name__)
 
@@ -118,16 +120,17 @@ class RunEpisodes:
             if record.phase == "scheduled":
                 await self.started(episode, record.where)
                 record = self.records[episode]
+            detail, logs = status.detail, status.logs
             if status.outcome == "exited" and status.exit_code == 0:
                 await self._agent_exited(record, status)
             elif status.outcome == "exited":
-                await self.finish(
-                    record, "agent", f"harness exited with {status.exit_code}", status.exit_code
-                )
+                reason = f"harness exited with {status.exit_code}"
+                await self.finish(record, "agent", reason, status.exit_code, detail=detail, logs=logs)
             elif status.outcome == "timeout":
-                await self.finish(record, "timeout", status.reason, status.exit_code)
+                code = status.exit_code
+                await self.finish(record, "timeout", status.reason, code, detail=detail, logs=logs)
             else:
-                await self.infra_failure(record, status.reason)
+                await self.infra_failure(record, status.reason, detail=detail, logs=logs)
 
     async def _agent_exited(self, record: EpisodeRecord, status: ExitStatus) -> None:
         task = self.task_of(record)
@@ -137,10 +140,12 @@ class RunEpisodes:
             msgspec.structs.replace(record, phase="exited", exit_code=status.exit_code, artifact=artifact)
         )
 
-    async def infra_failure(self, record: EpisodeRecord, reason: str) -> None:
+    async def infra_failure(
+        self, record: EpisodeRecord, reason: str, *, detail: str = "", logs: str = ""
+    ) -> None:
         """Retry as a new attempt while the limit allows; otherwise fail for good (lock held)."""
-        if record.byo or record.attempt >= self._infra_retries:
-            await self.finish(record, "infra", reason)
+        if record.byo or not self.retrying or record.attempt >= self._infra_retries:
+            await self.finish(record, "infra", reason, detail=detail, logs=logs)
             return
         attempt = record.attempt + 1
         retry = msgspec.structs.replace(
@@ -153,7 +158,7 @@ class RunEpisodes:
             created_at=now(),
         )
         retry = await self.add(retry)
-        await self.finish(record, "infra", reason, retried_as=retry.episode)
+        await self.finish(record, "infra", reason, retried_as=retry.episode, detail=detail, logs=logs)
         self._log.info("episode.retried", episode=record.episode, retry=retry.episode, reason=reason)
         if self.on_retry is not None:
             self.on_retry(retry)
@@ -167,8 +172,10 @@ class RunEpisodes:
         *,
         retried_as: str | None = None,
         by_reward: bool = False,
+        detail: str = "",
+        logs: str = "",
     ) -> None:
-        """Fail an episode (terminal); the lock is held by the caller."""
+        """Fail an episode (terminal), keeping its stderr tail and logs' place; the caller holds the lock."""
         spans = await summarize_spans(self._bus, record.run, record.episode)
         await self.commit(
             msgspec.structs.replace(
@@ -176,6 +183,8 @@ class RunEpisodes:
                 phase="failed",
                 cause=cause,
                 reason=reason[:500],
+                detail=detail,
+                logs=logs,
                 exit_code=exit_code if exit_code is not None else record.exit_code,
                 retried_as=retried_as,
                 terminal_by_reward=by_reward,

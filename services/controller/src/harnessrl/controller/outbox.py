@@ -62,7 +62,15 @@ def outbox(record: EpisodeRecord, task: TaskSpec | None, launcher: str, sampling
             )
         )
     elif not record.terminal_by_reward:
-        events.append(EpisodeFailed(**base, cause=record.cause or "infra", reason=record.reason))
+        events.append(
+            EpisodeFailed(
+                **base,
+                cause=record.cause or "infra",
+                reason=record.reason,
+                detail=record.detail,
+                logs=record.logs,
+            )
+        )
         if record.retried_as:
             events.append(EpisodeRetried(**base, new_episode=record.retried_as))
     items = [

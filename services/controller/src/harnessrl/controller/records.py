@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-from harnessrl.shared.contracts import ArtifactRef, FailureCause, RunSpec, now
+from harnessrl.shared.contracts import ArtifactRef, FailureCause, RunSpec, RunStopped, now
 
 Phase = Literal["scheduled", "started", "exited", "completed", "failed"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"completed", "failed"})
@@ -50,6 +50,9 @@ class EpisodeRecord(msgspec.Struct, frozen=True, kw_only=True):
     details: dict[str, object] = msgspec.field(default_factory=dict)
     cause: FailureCause | None = None
     reason: str = ""
+    # A failed harness's stderr tail and where its logs are (from the launcher).
+    detail: str = ""
+    logs: str = ""
     # A failed infra attempt names the attempt that replaces it.
     retried_as: str | None = None
     # The reward service published the terminal `failed(reward-error)` itself.
@@ -70,10 +73,16 @@ class EpisodeRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """A submitted run: its spec and whether every episode of it has ended."""
+    """A submitted run: its spec and whether every episode of it has ended, or why it was stopped.
+
+    A stopped run is never resumed. `stop_published` says whether its `RunStopped` reached the bus:
+    a controller killed in between publishes it on restart, under the same `Nats-Msg-Id`.
+    """
 
     spec: RunSpec
-    state: Literal["active", "done"] = "active"
+    state: Literal["active", "done", "stopped"] = "active"
+    stopped: RunStopped | None = None
+    stop_published: bool = False
     submitted_at: float = msgspec.field(default_factory=now)
 
 

@@ -1,8 +1,10 @@
 """One run: admission, launching groups, reconciling after a restart, and the reward and weight feeds.
 
-Admission: batch `b` (of `batch_tasks` groups of `group_size` attempts) may start once the trainer's
-weight version is at least `b` in sync mode, or at least `b - staleness` in async mode; within that,
-whole groups start together while the number of live harnesses stays under `max_concurrent`.
+Admission: batch `b` (of `batch_tasks` groups of `group_size` attempts) may start once the trainer
+has made at least `b` steps in sync mode, or at least `b - staleness` in async mode (counted by the
+highest `WeightVersion.step`: a step that trained nothing announces itself with the previous
+weights); within that, whole groups start together while the number of live harnesses stays under
+`max_concurrent`. A run whose first groups all failed the same way is stopped (`fail_fast.py`).
 A group whose member failed for good still completes: every member's rollout reaches the trainer
 once, failures marked with their cause, and the trainer drops them (never as reward 0 for infra).
 """
@@ -13,6 +15,9 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
+import msgspec
+
+from harnessrl.controller.fail_fast import FailFast, stop_run
 from harnessrl.controller.harness_env import episode_env, key_env
 from harnessrl.controller.launchers import Launcher, LaunchError, LauncherUnavailableError, LaunchRequest
 from harnessrl.controller.lifecycle import RunEpisodes
@@ -21,7 +26,7 @@ from harnessrl.controller.settings import ControllerSettings
 from harnessrl.controller.store import EpisodeStore
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription
-from harnessrl.shared.contracts import EpisodeFailed, EpisodeScored, TaskSpec, WeightVersion
+from harnessrl.shared.contracts import EpisodeFailed, EpisodeScored, RunStopped, TaskSpec, WeightVersion
 from harnessrl.shared.keys import sign_episode_key
 from harnessrl.shared.log import get_logger
 
@@ -41,7 +46,7 @@ class RunDriver:
         launcher: Launcher,
         settings: ControllerSettings,
     ) -> None:
-        self.spec = record.spec
+        self.spec, self._record = record.spec, record
         self._bus, self._store, self._launcher, self._settings = bus, store, launcher, settings
         self._train = [task for task in tasks if not task.heldout] or tasks
         self.episodes = RunEpisodes(
@@ -55,8 +60,13 @@ class RunDriver:
         self.episodes.on_retry = lambda retry: self.spawn(self.launch(retry))
         self._wake = asyncio.Event()
         self.episodes.on_change = self._wake.set
+        # The newest weight version (stamped on episodes) and the trainer's highest step (admission).
         self.version = 0
+        self.steps = 0
         self.done = asyncio.Event()
+        self._fail_fast = FailFast(self.spec)
+        self.stopped: RunStopped | None = None
+        self.not_launched = 0
         self._next_group = 0
         self._subscriptions: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -107,7 +117,7 @@ class RunDriver:
         if batch >= self.spec.max_steps:
             return False
         lag = 0 if self.spec.mode == "sync" else self.spec.staleness
-        return self.version >= batch - lag
+        return self.steps >= batch - lag
 
     def live(self) -> int:
         """Harnesses scheduled or running now (BYO episodes run elsewhere and do not count)."""
@@ -115,16 +125,34 @@ class RunDriver:
 
     async def _schedule(self) -> None:
         while True:
+            if (stopped := self._fail_fast.verdict(self.episodes.records.values())) is not None:
+                await self._stop(stopped)
+                return
             await self._fill()
             if self._next_group >= self.total_groups and all(
                 r.terminal for r in self.episodes.records.values()
             ):
-                await self._store.save_run(RunRecord(spec=self.spec, state="done"))
+                self._record = msgspec.structs.replace(self._record, state="done")
+                await self._store.save_run(self._record)
                 self._log.info("run.finished", episodes=len(self.episodes.records))
                 self.done.set()
                 return
             await self._wake.wait()
             self._wake.clear()
+
+    async def _stop(self, stopped: RunStopped) -> None:
+        """Stop the run for good: record why, say so once on the bus; running episodes end alone."""
+        self.stopped = stopped
+        self.episodes.retrying = False
+        self._record = await stop_run(self._bus, self._store, self._record, stopped)
+        self._log.error(
+            "run.stopped",
+            cause=stopped.cause,
+            reason=stopped.reason,
+            episodes=stopped.episodes,
+            logs=stopped.logs,
+            groups_not_scheduled=self.total_groups - self._next_group,
+        )
 
     async def _fill(self) -> None:
         size = self.spec.group_size
@@ -158,6 +186,10 @@ class RunDriver:
         request = self._request(record)
         async with self.episodes.lock(record.episode):
             if self.episodes.records[record.episode].phase != "scheduled":
+                return
+            if self.stopped is not None:
+                self.not_launched += 1
+                self._log.warning("episode.not_launched", episode=record.episode, reason="run stopped")
                 return
             while True:
                 try:
@@ -237,9 +269,10 @@ class RunDriver:
             self._subscriptions.append(await self._bus.subscribe(spec, handler))
 
     async def _on_weights(self, delivery: Delivery) -> None:
-        version = delivery.decode(WeightVersion).version
-        if version > self.version:
-            self.version = version
+        message = delivery.decode(WeightVersion)
+        if message.version > self.version or message.step > self.steps:
+            self.version = max(self.version, message.version)
+            self.steps = max(self.steps, message.step)
             self._wake.set()
 
     async def _on_scored(self, delivery: Delivery) -> None:

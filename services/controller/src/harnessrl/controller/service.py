@@ -12,6 +12,7 @@ import msgspec
 
 from harnessrl.controller.errors import RequestRefusedError
 from harnessrl.controller.external_episodes import ExternalEpisodes
+from harnessrl.controller.fail_fast import announce_stop
 from harnessrl.controller.launchers import Launcher, LaunchError
 from harnessrl.controller.launchers.kube import KubeLauncher, api_client
 from harnessrl.controller.launchers.local import LocalLauncher
@@ -24,7 +25,7 @@ from harnessrl.shared import control_api, subjects
 from harnessrl.shared.bus import Bus, Subscription
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.log import get_logger
-from harnessrl.shared.runspec import RunSpecError, parse_run_spec
+from harnessrl.shared.runspec import RunSpecError, check_local_launcher, parse_run_spec
 
 LauncherFactory = Callable[[RunSpec, ControllerSettings], Launcher]
 R = TypeVar("R", bound=msgspec.Struct)
@@ -62,6 +63,8 @@ class Controller:
         self._served: list[Subscription] = []
         self._submit_lock = asyncio.Lock()
         self.external = ExternalEpisodes(bus, settings, self.runs)
+        # Submissions refused since this controller started, by run (shown by `run status`).
+        self.refused: Counter[str] = Counter()
         self._log = get_logger(__name__)
 
     @property
@@ -76,7 +79,11 @@ class Controller:
         await self._bus.ensure_streams(subjects.ALL_STREAMS)
         self._store = EpisodeStore(await self._bus.kv(subjects.EPISODE_STATE))
         for record in await self.store.runs():
-            if record.state == "active" and self._owns(record.spec.run):
+            if not self._owns(record.spec.run):
+                continue
+            if record.state == "stopped":
+                await announce_stop(self._bus, self.store, record)
+            elif record.state == "active":
                 try:
                     await self._start_run(record)
                 except LaunchError as exc:
@@ -103,13 +110,15 @@ class Controller:
         await self.external.stop()
 
     async def submit(self, spec: RunSpec) -> RunDriver:
-        """Accept a new run (its tasks must load), persist it and start scheduling."""
+        """Accept a new run (its tasks must load, its local harness must start here), persist it, start it."""
         async with self._submit_lock:
             if not self._owns(spec.run):
                 raise RequestRefusedError(f"this controller does not own run {spec.run!r}")
             if spec.run in self.runs:
                 raise RequestRefusedError(f"run {spec.run!r} already exists")
             load_tasks(spec.tasks)
+            if spec.launcher.kind == "local":
+                check_local_launcher(spec.launcher, source=f"run {spec.run}")
             record = RunRecord(spec=spec)
             if not await self.store.create_run(record):
                 raise RequestRefusedError(f"run {spec.run!r} already exists")
@@ -135,35 +144,54 @@ class Controller:
         return driver
 
     async def _submit(self, request: control_api.SubmitRequest) -> bytes:
+        run = str(request.spec.get("run", "?"))
         try:
             spec = parse_run_spec(request.spec, source="submitted run spec")
             driver = await self.submit(spec)
-        except (RunSpecError, TaskFileError, LaunchError) as exc:
+        except (RunSpecError, TaskFileError, LaunchError, RequestRefusedError) as exc:
+            self.refused[run] += 1
+            self._log.warning("run.refused", run=run, error=str(exc), refused=self.refused[run])
             return control_api.refusal(str(exc))
         return control_api.reply(run=spec.run, groups=driver.total_groups, group_size=spec.group_size)
 
     async def _status(self, request: control_api.StatusRequest) -> bytes:
         names = [request.run] if request.run else sorted(self.runs)
+        refused = dict(self.refused)
         if request.run and request.run not in self.runs:
             record = await self.store.run(request.run)
             if record is None:
                 return control_api.refusal(f"unknown run {request.run!r}")
-            return control_api.reply(runs={request.run: {"state": record.state, "phases": {}}})
-        return control_api.reply(runs={name: run_status(self.runs[name]) for name in names})
+            return control_api.reply(runs={request.run: record_status(record)}, refused=refused)
+        runs = {name: run_status(self.runs[name]) for name in names}
+        return control_api.reply(runs=runs, refused=refused)
+
+
+def record_status(record: RunRecord) -> dict[str, Any]:
+    """What a run's record alone says (a run this controller does not drive: done or stopped)."""
+    status: dict[str, Any] = {"state": record.state, "phases": {}}
+    if record.stopped is not None:
+        status["stopped"] = msgspec.to_builtins(record.stopped)
+    return status
 
 
 def run_status(driver: RunDriver) -> dict[str, Any]:
-    """A run's progress: phase counts, failure causes, weight version."""
+    """A run's progress: phase counts, failure causes, weight version, trainer steps, why it stopped."""
     records = driver.episodes.records.values()
-    return {
-        "state": "done" if driver.done.is_set() else "active",
+    state = "stopped" if driver.stopped else "done" if driver.done.is_set() else "active"
+    status: dict[str, Any] = {
+        "state": state,
         "mode": driver.spec.mode,
         "weight_version": driver.version,
+        "trainer_steps": driver.steps,
         "groups_scheduled": min(driver.total_groups, len({r.group for r in records if not r.byo})),
         "groups_total": driver.total_groups,
         "phases": dict(Counter(r.phase for r in records)),
         "failures": dict(Counter(r.cause for r in records if r.cause)),
     }
+    if driver.stopped is not None:
+        status["stopped"] = msgspec.to_builtins(driver.stopped)
+        status["not_launched"] = driver.not_launched
+    return status
 
 
 def _answering(

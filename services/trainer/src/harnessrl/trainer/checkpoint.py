@@ -6,7 +6,9 @@ Layout under the run's checkpoint root:
       hf/                  HF safetensors + config + tokenizer: what vLLM reloads
       engine/              verl's engine state (model, optimizer, RNG) to resume training
       trainer_state.json   step, version, recently trained rollout ids, published flag
-    latest                 "step-000012", replaced atomically after the step directory is complete
+    step-000013/
+      trainer_state.json   a step that trained nothing: its state only, `weights_step` 12
+    latest                 "step-000013", replaced atomically after the step directory is complete
     dropped.json           ids of rollouts recently dropped (stale, incomplete, degenerate group):
                            settled without a step, so they live beside the step directories
 
@@ -17,10 +19,14 @@ then, so the staleness filter drops it without a lookup. State stays bounded how
 A step directory is written under a temporary name and renamed into place, then `latest` is
 replaced with `os.replace`; a crash at any point leaves the previous checkpoint intact and
 `latest` pointing at a complete directory.
+
+A step that trained nothing writes no weights: its state names the step directory that holds the
+current version's (`weights_step`), and pruning keeps that directory however many such steps follow.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -40,8 +46,18 @@ class TrainerState(msgspec.Struct, kw_only=True):
     version: int = 0
     # Rollouts trained at each recent version: acked on redelivery, never trained again.
     trained: dict[int, list[str]] = msgspec.field(default_factory=dict)
-    # Whether WeightVersion `version` was published (a restart publishes it if not).
+    # Whether this step's WeightVersion was published (a restart publishes it if not).
     published: bool = False
+    # The step whose directory holds the weights of `version` (hf/, engine/); 0: the base model.
+    # A step that trained nothing keeps the previous one: it made no weights of its own.
+    weights_step: int = 0
+    # sha256 of the weights of `version` ("" before the first step), announced with each step.
+    digest: str = ""
+
+    @property
+    def carries_previous(self) -> bool:
+        """Whether this step trained nothing and so serves the previous step's weights."""
+        return self.step > 0 and self.weights_step != self.step
 
 
 class CheckpointStore:
@@ -69,7 +85,14 @@ class CheckpointStore:
         directory = self.latest()
         if directory is None:
             return TrainerState(run=run)
-        return msgspec.json.decode((directory / STATE_FILE).read_bytes(), type=TrainerState)
+        state = msgspec.json.decode((directory / STATE_FILE).read_bytes(), type=TrainerState)
+        if state.version and not state.weights_step:
+            state.weights_step = state.step  # written before `weights_step`: every step had weights
+        return state
+
+    def weights_dir(self, state: TrainerState) -> Path | None:
+        """The step directory holding the weights of `state` (hf/, engine/), None for the base model."""
+        return self.root / self.step_name(state.weights_step) if state.weights_step else None
 
     def staging(self, step: int) -> Path:
         """An empty temporary directory to write step `step` into before `commit`."""
@@ -85,7 +108,8 @@ class CheckpointStore:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
         _write_atomic(self.root / LATEST, final.name.encode())
-        self._prune(final.name)
+        weights = self.weights_dir(state)
+        self._prune({final.name, *([weights.name] if weights is not None else [])})
         return final
 
     def mark_published(self, state: TrainerState) -> None:
@@ -117,11 +141,22 @@ class CheckpointStore:
         if kept != dropped:
             _write_atomic(self.root / DROPPED_FILE, msgspec.json.encode(kept))
 
-    def _prune(self, current: str) -> None:
+    def _prune(self, needed: set[str]) -> None:
+        """Remove all but the newest `keep` step directories, never one in `needed`."""
         steps = sorted(path.name for path in self.root.glob("step-*") if path.is_dir())
         for name in steps[: max(len(steps) - self.keep, 0)]:
-            if name != current:
+            if name not in needed:
                 shutil.rmtree(self.root / name, ignore_errors=True)
+
+
+def weights_digest(hf_dir: Path) -> str:
+    """sha256 of the checkpoint's safetensors files, so a consumer can verify what it loads."""
+    digest = hashlib.sha256()
+    for path in sorted(hf_dir.glob("*.safetensors")):
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -5,8 +5,13 @@ step, or dropped and persisted). The bus acks when a handler returns, so the han
 rollout it has not yet covered by raising `RolloutNotSettled` (a `TransientError`): JetStream
 redelivers it after `ack_recheck_s`, and the redelivery is acked once the rollout is settled.
 After a kill -9 the unacked rollouts come back; the settled ones are acked without training, the
-rest are assembled again. A restart also republishes the latest version if the crash came between
-checkpoint and publish (`published` flag), and reloads the replicas from the latest checkpoint.
+rest are assembled again. A restart also republishes the latest step's announcement if the crash
+came between checkpoint and publish (`published` flag), and reloads the replicas from the latest
+checkpoint's weights.
+
+Every step is announced with a `WeightVersion`, because the controller's admission counts steps.
+Only a step that trained makes a new version and reloads the replicas; one that trained nothing
+announces the previous version again with its own step and `carries_previous` set.
 
 Steps run on a worker thread so the consumer keeps assembling rollouts while the engine trains
 (the asynchronous mode's overlap); sync vs async differ only in the staleness bound.
@@ -16,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription
@@ -34,16 +37,6 @@ from harnessrl.trainer.training import StepResult, Trainer
 from harnessrl.trainer.weight_sync import WeightSyncer
 
 log = get_logger(__name__)
-
-
-def weights_digest(hf_dir: Path) -> str:
-    """sha256 of the checkpoint's safetensors files, so a consumer can verify what it loads."""
-    digest = hashlib.sha256()
-    for path in sorted(hf_dir.glob("*.safetensors")):
-        with path.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return f"sha256:{digest.hexdigest()}"
 
 
 class TrainerService:
@@ -73,7 +66,7 @@ class TrainerService:
         await self._sync_replicas()
         state = self.trainer.state
         if state.step > 0 and not state.published:
-            if await self._already_published(state.version):
+            if await self._already_published(state.step):
                 self.trainer.mark_published()
             else:
                 await self._publish_version()
@@ -166,6 +159,7 @@ class TrainerService:
             values[f"dropped_total/{reason}"] = float(count)
         if result.trained:
             values["sync/probe_gap"] = await self._sync_replicas()
+        if result.checkpoint is not None:
             await self._publish_version()
         metrics = StepMetrics(
             run=result.metrics.run,
@@ -175,6 +169,7 @@ class TrainerService:
             staleness=result.metrics.staleness,
             dropped=result.metrics.dropped,
             final=self._done(),
+            trained=result.trained,
         )
         self.last_metrics = metrics
         self.sink.write(metrics)
@@ -195,11 +190,11 @@ class TrainerService:
         if any(item.decode(StepMetrics).step == state.step for item in stored):
             return
         values = {"step/recovered": 1.0}  # the step's own values died with the process
-        await self._send_metrics(
-            StepMetrics(
-                run=state.run, step=state.step, version=state.version, values=values, final=self._done()
-            )
-        )
+        metrics = StepMetrics(
+            run=state.run, step=state.step, version=state.version, values=values,
+            final=self._done(), trained=not state.carries_previous,
+        )  # fmt: skip
+        await self._send_metrics(metrics)
         log.warning("metrics.recovered", run=state.run, step=state.step)
 
     async def _sync_replicas(self) -> float:
@@ -219,23 +214,31 @@ class TrainerService:
         logprobs = await asyncio.to_thread(self.trainer.engine.row_logprobs, [row])
         return logprobs[0]
 
-    async def _already_published(self, version: int) -> bool:
-        """Whether WEIGHTS holds `version` (the crash came between publish and marking it)."""
+    async def _already_published(self, step: int) -> bool:
+        """Whether WEIGHTS announces `step` (the crash came between publish and marking it)."""
         stored = await self.bus.replay(subjects.WEIGHTS.name, subjects.weights(self.settings.run))
-        return any(item.decode(WeightVersion).version == version for item in stored)
+        return any(item.decode(WeightVersion).step == step for item in stored)
 
     async def _publish_version(self) -> None:
+        """Announce the current step: a new version, or the previous one carried over."""
         state = self.trainer.state
-        hf_dir = self.trainer.hf_dir().resolve()
         message = WeightVersion(
             run=self.settings.run,
             version=state.version,
             step=state.step,
-            checkpoint_uri=str(hf_dir),
-            digest=await asyncio.to_thread(weights_digest, hf_dir),
+            checkpoint_uri=str(self.trainer.hf_dir().resolve()),
+            digest=state.digest,
+            carries_previous=state.carries_previous,
         )
-        await self.bus.publish(
-            subjects.weights(self.settings.run), message, msg_id=f"{self.settings.run}:{state.version}"
-        )
+        await self.bus.publish(subjects.weights(self.settings.run), message, msg_id=version_msg_id(message))
         self.trainer.mark_published()
-        log.info("weights.published", run=self.settings.run, version=state.version)
+        log.info(
+            "weights.published", run=self.settings.run, version=state.version, step=state.step,
+            carries_previous=message.carries_previous,
+        )  # fmt: skip
+
+
+def version_msg_id(message: WeightVersion) -> str:
+    """`<run>:<version>` for new weights; a step carrying them over adds its step (JetStream dedupes ids)."""
+    base = f"{message.run}:{message.version}"
+    return f"{base}:step-{message.step}" if message.carries_previous else base

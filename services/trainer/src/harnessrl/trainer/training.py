@@ -3,6 +3,10 @@
 `Trainer.step` is what the service loop calls for every batch and what the demo can call
 directly: staleness filter, group rules and advantages, one engine update, checkpoint. Rollouts it
 trains or drops become *settled*: persisted, so a restart neither retrains nor loses them.
+
+Only a step that trains makes a new version. A batch of current rollouts with nothing to learn from
+(every group skipped) is still a step: it is checkpointed (state only) and announced, carrying the
+previous version's weights, so the controller's admission, which counts steps, never stalls.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from harnessrl.shared.contracts import StepMetrics
 from harnessrl.shared.log import get_logger
 from harnessrl.trainer.advantages import AssembledRollout, score_groups, token_weights
 from harnessrl.trainer.batch import RowBatch
-from harnessrl.trainer.checkpoint import CheckpointStore, TrainerState
+from harnessrl.trainer.checkpoint import CheckpointStore, TrainerState, weights_digest
 from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.metrics import batch_metrics
 from harnessrl.trainer.samples import BuildReport, TrainingRow
@@ -28,7 +32,11 @@ log = get_logger(__name__)
 
 
 class StepResult(msgspec.Struct, kw_only=True):
-    """What one call to `Trainer.step` did."""
+    """What one call to `Trainer.step` did.
+
+    `trained`: new weights, a new version. `checkpoint` without `trained`: a step that trained
+    nothing (the previous weights carried over). Neither: no step (stale or settled rollouts only).
+    """
 
     trained: bool
     metrics: StepMetrics
@@ -43,10 +51,11 @@ class Trainer:
         self.store = CheckpointStore(settings.checkpoint_root)
         self.state = self.store.load_state(settings.run)
         self.settled: set[str] = self._load_settled()
-        latest = self.store.latest()
         self.engine = engine or PolicyEngine(Path(settings.model_dir), settings.engine, settings.loss)
-        if latest is not None:
-            self.engine.load(latest / "engine")
+        weights = self.store.weights_dir(self.state)
+        if weights is not None:
+            self.engine.load(weights / "engine")
+        if self.state.step > 0:
             log.info("trainer.resumed", step=self.state.step, version=self.state.version)
 
     @property
@@ -55,9 +64,9 @@ class Trainer:
         return self.state.version
 
     def hf_dir(self) -> Path:
-        """The HF weights of the current version (the base model before the first step)."""
-        latest = self.store.latest()
-        return latest / "hf" if latest is not None else Path(self.settings.model_dir)
+        """The HF weights of the current version (the base model before the first trained step)."""
+        weights = self.store.weights_dir(self.state)
+        return weights / "hf" if weights is not None else Path(self.settings.model_dir)
 
     def settle_window(self, version: int) -> int:
         """The oldest version whose settled ids still matter at `version`.
@@ -98,16 +107,7 @@ class Trainer:
             pass_threshold=self.settings.pass_threshold,
         )  # fmt: skip
         if not outcome.scored:
-            if not current:
-                return StepResult(trained=False, metrics=self._metrics(values, staleness, dropped))
-            # Current rollouts but nothing to learn from (every group had zero variance or was too
-            # small): the version still advances, with unchanged weights, so the controller's
-            # admission (which waits for versions) never stalls. Stale-only batches don't advance it.
-            values["step/skipped"] = 1.0
-            checkpoint = self._checkpoint([])
-            return StepResult(
-                trained=True, metrics=self._metrics(values, staleness, dropped), checkpoint=checkpoint
-            )
+            return self._untrained(values, staleness, dropped, is_step=bool(current))
         weights = token_weights(outcome.scored)
         rows: list[TrainingRow] = []
         advantages: list[float] = []
@@ -123,30 +123,75 @@ class Trainer:
         elapsed = time.monotonic() - started
         values["perf/step_s"] = elapsed
         values["perf/tokens_per_s"] = sum(len(row.input_ids) for row in rows) / max(elapsed, 1e-9)
-        metrics = self._metrics(values, staleness, dropped)
+        metrics = self._metrics(values, staleness, dropped, trained=True)
         return StepResult(trained=True, metrics=metrics, checkpoint=checkpoint)
 
+    def _untrained(
+        self, values: dict[str, float], staleness: dict[str, int], dropped: Counter[str], *, is_step: bool
+    ) -> StepResult:
+        """A batch with nothing to learn from; `dropped` counts why.
+
+        With current rollouts (every group skipped: zero variance, too small, no trainable tokens)
+        it is a step that carries the previous weights; with only stale or settled ones, no step.
+        """
+        if not is_step:
+            return StepResult(trained=False, metrics=self._metrics(values, staleness, dropped, trained=False))
+        values["step/skipped"] = 1.0
+        checkpoint = self._carry_step()
+        metrics = self._metrics(values, staleness, dropped, trained=False)
+        return StepResult(trained=False, metrics=metrics, checkpoint=checkpoint)
+
     def _checkpoint(self, trained_ids: list[str]) -> Path:
-        step, version = self.state.step + 1, self.state.version + 1
+        """Commit a trained step: its weights (HF and engine) under a new version."""
+        step = self.state.step + 1
         staging = self.store.staging(step)
         self.engine.export_hf(staging / "hf")
         self.engine.save(staging / "engine", step)
+        state = self._next_state(
+            trained_ids, version=self.state.version + 1, weights_step=step,
+            digest=weights_digest(staging / "hf"),
+        )  # fmt: skip
+        return self._commit(staging, state)
+
+    def _carry_step(self) -> Path:
+        """Commit a step that trained nothing: state only; version and weights stay the previous."""
+        digest = self.state.digest or weights_digest(self.hf_dir())
+        state = self._next_state(
+            [], version=self.state.version, weights_step=self.state.weights_step, digest=digest
+        )
+        return self._commit(self.store.staging(state.step), state)
+
+    def _next_state(
+        self, trained_ids: list[str], *, version: int, weights_step: int, digest: str
+    ) -> TrainerState:
+        """The state after this step: settled ids outside the window at `version` forgotten."""
         oldest = self.settle_window(version)
         trained = {v: ids for v, ids in self.state.trained.items() if v >= oldest}
-        trained[self.state.version] = [*trained.get(self.state.version, []), *trained_ids]
-        state = TrainerState(run=self.settings.run, step=step, version=version, trained=trained)
+        if trained_ids:
+            trained[self.state.version] = [*trained.get(self.state.version, []), *trained_ids]
+        return TrainerState(
+            run=self.settings.run, step=self.state.step + 1, version=version, trained=trained,
+            weights_step=weights_step, digest=digest,
+        )  # fmt: skip
+
+    def _commit(self, staging: Path, state: TrainerState) -> Path:
         final = self.store.commit(staging, state)
-        self.store.forget_dropped_before(oldest)
+        self.store.forget_dropped_before(self.settle_window(state.version))
         self.state = state
         self.settled = self._load_settled()
         return final
 
     def mark_published(self) -> None:
-        """Record that the current version's WeightVersion went out."""
+        """Record that the current step's WeightVersion went out."""
         self.store.mark_published(self.state)
 
     def _metrics(
-        self, values: dict[str, float], staleness: dict[str, int], dropped: Counter[str]
+        self,
+        values: dict[str, float],
+        staleness: dict[str, int],
+        dropped: Counter[str],
+        *,
+        trained: bool,
     ) -> StepMetrics:
         return StepMetrics(
             run=self.settings.run,
@@ -155,4 +200,5 @@ class Trainer:
             values=values,
             staleness=staleness,
             dropped=dict(dropped),
+            trained=trained,
         )

@@ -28,6 +28,9 @@ class ExitStatus(msgspec.Struct, frozen=True, kw_only=True):
     outcome: Outcome
     exit_code: int | None = None
     reason: str = ""
+    # The tail of the harness's stderr when it failed, and where its logs are (a folder, a Job).
+    detail: str = ""
+    logs: str = ""
 
 
 class LaunchRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,6 +11,7 @@ import asyncio
 import json
 from typing import Any
 
+import msgspec
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -130,7 +131,8 @@ class KubeLauncher(Launcher):
         for job in body["items"]:
             episode = (job["metadata"].get("labels") or {}).get(EPISODE_LABEL)
             if episode:
-                found[episode] = await self._status(job)
+                status = await self._status(job)
+                found[episode] = None if status is None else self._with_logs(episode, status)
         return found
 
     async def close(self) -> None:
@@ -160,7 +162,11 @@ class KubeLauncher(Launcher):
     async def _report(self, episode: str, status: ExitStatus) -> None:
         self._reported.add(episode)
         if self._on_exit is not None:
-            await self._on_exit(episode, status)
+            await self._on_exit(episode, self._with_logs(episode, status))
+
+    def _with_logs(self, episode: str, status: ExitStatus) -> ExitStatus:
+        """The status with where the episode's logs are: `<namespace>/<job name>`."""
+        return msgspec.structs.replace(status, logs=f"{self._ns}/{job_name(self._run, episode)}")
 
     async def _status(self, job: dict[str, Any]) -> ExitStatus | None:
         conditions = (job.get("status") or {}).get("conditions") or []

@@ -1,8 +1,9 @@
 """Local launcher: one subprocess per episode, in its own process group and work directory.
 
 Each episode gets `<state_dir>/runs/<run>/<episode>/` with `work/` (the harness's cwd; a copy of
-the pristine repo for SWE tasks), `stdout.log` and `stderr.log`, `proc.json` (pid, start time,
-deadline) and, once it ends, `exit.json` (written by the episode runner) and `outcome.json`.
+the pristine repo for SWE tasks), `stdout.log` and `stderr.log` (the harness's own), `runner.log`
+(the episode runner's), `proc.json` (pid, start time, deadline) and, once it ends, `exit.json`
+(written by the episode runner) and `outcome.json`.
 The files make the launcher restartable: a new controller relists the folder, adopts harnesses still
 running (enforcing their deadline) and reads how the others ended.
 """
@@ -29,6 +30,7 @@ from harnessrl.controller.launchers.base import (
     LaunchError,
     LaunchRequest,
 )
+from harnessrl.controller.launchers.episode_logs import log_tail
 from harnessrl.controller.launchers.forkserver import ForkServer, ForkServerError
 from harnessrl.controller.launchers.process import ProcessFacts, alive, process_facts
 from harnessrl.shared.log import get_logger
@@ -147,7 +149,7 @@ class LocalLauncher(Launcher):
             if status is None and folder.name not in self._watchers:
                 facts = msgspec.json.decode((folder / "proc.json").read_bytes(), type=ProcessFacts)
                 self._watchers[folder.name] = asyncio.create_task(self._adopt(folder.name, facts))
-            found[folder.name] = status
+            found[folder.name] = None if status is None else self._with_evidence(folder, status)
         return found
 
     async def close(self) -> None:
@@ -184,6 +186,7 @@ class LocalLauncher(Launcher):
         env.update(request.secret_env)
         env["HARNESSRL_WORKDIR"] = str(workdir)
         env["HARNESSRL_EXIT_FILE"] = str(folder / "exit.json")
+        env["HARNESSRL_RUNNER_LOG"] = str(folder / "runner.log")
         return env
 
     async def _spawn(self, request: LaunchRequest, folder: Path, workdir: Path) -> asyncio.subprocess.Process:
@@ -237,8 +240,15 @@ class LocalLauncher(Launcher):
             await asyncio.sleep(0.05)
         signal_group(pid, signal.SIGKILL)
 
+    def _with_evidence(self, folder: Path, status: ExitStatus) -> ExitStatus:
+        """The status with where the episode's logs are and, when it failed, its stderr's tail."""
+        failed = status.outcome != "exited" or status.exit_code != 0
+        detail = status.detail or (log_tail(folder / "stderr.log") if failed else "")
+        return msgspec.structs.replace(status, detail=detail, logs=str(folder))
+
     async def _finish(self, episode: str, status: ExitStatus) -> None:
         folder = self.episode_dir(episode)
+        status = self._with_evidence(folder, status)
         (folder / "outcome.json").write_bytes(msgspec.json.encode(status))
         self._watchers.pop(episode, None)
         self._log.info("harness.ended", episode=episode, outcome=status.outcome, code=status.exit_code)
