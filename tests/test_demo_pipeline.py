@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import sys
 import urllib.request
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
+import msgspec
 import pytest
 
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import (
     RolloutComplete,
+    RunSpec,
     Span,
     WeightVersion,
     decode,
@@ -52,7 +55,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> 
         run="pipeline", steps=STEPS, group_size=GROUP, tasks_per_step=TASKS, warm_steps=60, warm_examples=2000
     )
     warm = warm_start(home, tiny_model, settings)
-    session = TrainSession(run_spec(home, settings, warm), home)
+    session = TrainSession(split_rewards(run_spec(home, settings, warm)), home)
     try:
         session.start_stack()
         evaluate(session, 0)
@@ -70,6 +73,17 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> 
     finally:
         session.stop()
     return session
+
+
+def split_rewards(spec: RunSpec) -> RunSpec:
+    """The demo's run with a harness whose groups always have reward variance, so both steps train.
+
+    A 60-step warm start answers almost nothing right; its groups would be all 0 and, rightly, train
+    nothing (no new weights to check here). The harness still calls the model like the demo's.
+    """
+    harness = Path(__file__).parent / "split_reward_harness.py"
+    launcher = msgspec.structs.replace(spec.launcher, command=[sys.executable, str(harness)])
+    return msgspec.structs.replace(spec, launcher=launcher)
 
 
 async def dump(url: str, run: str) -> dict[str, list[bytes]]:
