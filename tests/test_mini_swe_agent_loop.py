@@ -5,7 +5,8 @@ first request (captured from the real program) for two tinyswe tasks, with two d
 task: a bash tool call that makes exactly the task's gold one-line fix (a `sed -i` derived from the
 gold patch and checked against it) and a harmless `echo x >> NOTES.md`. Sampled at temperature 1,
 the warm-started policy solves some attempts and not others, so GRPO groups have reward variance.
-(The warm start takes minutes on 2 cores; its result is cached per machine, keyed on its inputs.)
+(The warm start, `harnessrl.testkit.policies.tool_calling_policy`, takes minutes on 2 cores; its
+result is cached per machine, keyed on its inputs.)
 
 Then a real run: mini-swe-agent as local episodes with only base URL and key (one model call each,
 `agent.step_limit=1`), its calls captured as spans, its patch uploaded through the gateway and graded
@@ -19,28 +20,18 @@ mixed rewards it now prefers the fix over the echo more than the warm start did.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import os
-import re
-import shlex
-import subprocess
-import sys
-import tempfile
 import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from aiohttp import web
 
 from harnessrl.reward.graders.base import SCORED_OUTCOMES
-from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
-from harnessrl.shared.cache import build_once, cache_root
 from harnessrl.shared.contracts import (
     AgentExited,
     EpisodeScored,
@@ -55,112 +46,23 @@ from harnessrl.shared.contracts import (
     event_kind,
 )
 from harnessrl.stack.train import TrainSession
+from harnessrl.testkit.policies import ECHO, MINI_ENV, TASK_IDS, tool_call, tool_calling_policy
 from harnessrl.testkit.tools import MINI_SWE_AGENT as MINI
 from harnessrl.trainer.replica import VllmReplica
 
 log = logging.getLogger(__name__)
-ECHO = "echo x >> NOTES.md"
-MINI_ENV = {
-    "MSWEA_CONFIGURED": "true",
-    "MSWEA_COST_TRACKING": "ignore_errors",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-}
-# Two tasks (different repositories) whose gold fix changes one short line, in code with no loop (a
-# broken sample of the fix cannot make the graded tests hang).
-TASK_IDS = ("tinyswe__calc-0004", "tinyswe__structkit-0004")
 TASKS = len(TASK_IDS)
 # After the warm start an attempt resolves its task with probability p ~ 0.4 (about as many echo, the
 # rest a sample that went wrong); a group of 5 then has uniform rewards with probability
 # p^5 + (1-p)^5 ~ 0.09, and all 4 groups of the run (2 tasks x 2 steps) with ~1e-4.
 GROUP, STEPS = 5, 2
-# Warm start: all 4 demonstrations in every batch (so the two behaviours of a task stay balanced).
-# 130 steps at this rate bring each demonstration's whole sequence to probability ~0.4 (measured:
-# the loss plateaus for ~80 steps, then drops): about 3 minutes with 2 threads on 2 cores.
-WARM_STEPS, WARM_LR = 130, "6e-3"
 # One group's episodes at a time: each starts a Python process (litellm's import alone takes seconds of
 # CPU), and 10 at once on 2 busy cores once starved nats-server into a KV-write timeout after which
 # the controller could not finish an episode (its cached revision went stale) and the run never
 # ended. The run takes 1.5-2 min; past `FOLLOW_S` it fails with its logs, before pytest's timeout.
 FOLLOW_S = 300
-# A demonstration for the warm start: {"messages": [...], "tools": [...]}.
-Demo = dict[str, Any]
 # A rendered demonstration: token ids and the mask of the assistant's tokens.
 Rendered = tuple[list[int], list[int]]
-
-
-def tool_call(command: str) -> str:
-    """A hermes-style bash tool call, as the policy writes it."""
-    arguments = json.dumps({"command": command})
-    return f'<tool_call>\n{{"name": "bash", "arguments": {arguments}}}\n</tool_call>'
-
-
-def changed_lines(patch: str) -> list[str]:
-    """The removed and added lines of a unified diff (headers left out)."""
-    return [line for line in patch.splitlines() if line[:1] in "+-" and not line.startswith(("+++ ", "--- "))]
-
-
-def fix_command(patch: str) -> str:
-    """A `sed -i` command that makes the one-line change of `patch` (a gold patch)."""
-    path = re.findall(r"^\+\+\+ b/(\S+)$", patch, flags=re.MULTILINE)
-    lines = changed_lines(patch)
-    assert len(path) == 1 and len(lines) == 2 and lines[0][0] == "-" and lines[1][0] == "+", patch
-    old = re.sub(r"([\\/.*\[\]^$])", r"\\\1", lines[0][1:].strip())
-    new = re.sub(r"([\\/&])", r"\\\1", lines[1][1:].strip())
-    return f"sed -i {shlex.quote(f's/{old}/{new}/')} {path[0]}"
-
-
-def check_fix(row: dict[str, Any], command: str) -> None:
-    """Run `command` in a fresh clone at the base commit: its diff must be the gold patch's change."""
-    with tempfile.TemporaryDirectory(prefix="fix-") as tmp:
-        subprocess.run(["git", "clone", "-q", row["repo_path"], tmp], check=True)
-        subprocess.run(["git", "checkout", "-q", row["base_commit"]], cwd=tmp, check=True)
-        subprocess.run(["sh", "-c", command], cwd=tmp, check=True)
-        diff = subprocess.run(["git", "diff"], cwd=tmp, check=True, capture_output=True, text=True).stdout
-    assert changed_lines(diff) == changed_lines(row["patch"]), (command, diff)
-
-
-async def capture_first_request(task: str, workdir: Path) -> dict[str, Any]:
-    """Run the real mini-swe-agent against a recorder that answers with the submit command."""
-    seen: list[dict[str, Any]] = []
-
-    async def answer(request: web.Request) -> web.Response:
-        seen.append(await request.json())
-        command = ECHO if len(seen) == 1 else "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-        arguments = json.dumps({"command": command})
-        call = {
-            "id": f"c{len(seen)}",
-            "type": "function",
-            "function": {"name": "bash", "arguments": arguments},
-        }
-        message = {"role": "assistant", "content": "", "tool_calls": [call]}
-        choice = {"index": 0, "finish_reason": "tool_calls", "message": message}
-        return web.json_response(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "policy",
-                "choices": [choice],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1},
-            }
-        )
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    env = {**os.environ, **MINI_ENV, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": "k"}
-    process = await asyncio.create_subprocess_exec(
-        str(MINI), "-m", "openai/policy", "-t", task, "-y", "--exit-immediately", cwd=workdir, env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    await asyncio.wait_for(process.wait(), timeout=120)
-    await runner.cleanup()
-    return seen[0]
 
 
 class Scored(NamedTuple):
@@ -182,43 +84,6 @@ async def score_demos(vllm_url: str, served_model: str, rendered: dict[str, Rend
     return out
 
 
-def demonstrations(home: Path, rows: list[dict[str, Any]], fixes: dict[str, str]) -> dict[str, Demo]:
-    """A fix and an echo per task, each answering mini-swe-agent's own first request for the task."""
-    demos: dict[str, Demo] = {}
-    for row in rows:
-        check_fix(row, fixes[row["instance_id"]])
-        first = asyncio.run(capture_first_request(row["problem_statement"], home))
-        for kind, command in (("fix", fixes[row["instance_id"]]), ("echo", ECHO)):
-            messages = [*first["messages"], {"role": "assistant", "content": tool_call(command)}]
-            demos[f"{row['instance_id']}/{kind}"] = {"messages": messages, "tools": first["tools"]}
-    return demos
-
-
-def warm_start(tiny_model: Path, demos: dict[str, Demo]) -> Path:
-    """The tiny model warm-started on `demos`, trained once per machine (it takes minutes).
-
-    The cache key is everything that decides the result: the base model's files, the demonstrations
-    (so a change in mini-swe-agent's prompt makes a new policy), the arguments and the warm-start
-    module's source.
-    """
-    from harnessrl.trainer import warmstart
-
-    lines = "\n".join(json.dumps(d) for d in demos.values()).encode()
-    args = ["--steps", str(WARM_STEPS), "--batch", str(len(demos)), "--lr", WARM_LR, "--threads", "2"]
-    digest = hashlib.sha256(lines + " ".join(args).encode() + Path(warmstart.__file__).read_bytes())
-    for path in sorted(p for p in tiny_model.iterdir() if p.is_file()):
-        digest.update(path.name.encode() + path.read_bytes())
-    target = cache_root() / "mswea-policy" / digest.hexdigest()[:16]
-
-    def build(staging: Path) -> None:
-        (staging / "demos.jsonl").write_bytes(lines)
-        warm = [sys.executable, "-m", "harnessrl.trainer.warmstart", "--model", str(tiny_model),
-                "--demos", str(staging / "demos.jsonl"), "--out", str(staging), *args]  # fmt: skip
-        subprocess.run(warm, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    return build_once(target, build, done="config.json")
-
-
 @pytest.fixture(scope="module")
 def loop_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, Any]:
     # Imported here: torch and transformers take seconds, and collecting the suite needn't pay them.
@@ -227,15 +92,10 @@ def loop_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict
     from harnessrl.trainer.warmstart import render
 
     home = tmp_path_factory.mktemp("mswea")
-    root = ensure_tinyswe()
-    by_id = {row["instance_id"]: row for row in load_instances(root)}
-    rows = [dict(by_id[i], repo_path=str(root / by_id[i]["repo_path"])) for i in TASK_IDS]
+    taught = tool_calling_policy(tiny_model, home)
+    rows, fixes, demos, policy = taught.rows, taught.fixes, taught.demos, taught.model
     tasks = home / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-    fixes = {row["instance_id"]: fix_command(row["patch"]) for row in rows}
-    demos = demonstrations(home, rows, fixes)
-    policy = warm_start(tiny_model, demos)
 
     # One model call per episode, sampled at temperature 1 (bounded, should a sample run on).
     options = "-c mini.yaml -c agent.step_limit=1 -c model.model_kwargs.temperature=1.0"

@@ -5,17 +5,16 @@ The commands come from the READMEs themselves (`harnessrl.testkit.readme`: fence
 section runs in a fresh copy of the repository with `.venv/bin` first on PATH; the one change made to
 a command is `--max-steps N` on `harnessrl train`, which README.md documents as the way to try a run
 shorter than its spec. What a section needs that the README says a reader already has is provided
-the cheap way: `.harnessrl/demo/warm` (after `make demo`) is the demo's warm start, built once per
-machine; `MODEL` of the mini-swe-agent example is the tool-calling tiny policy of
-`test_mini_swe_agent_loop.py` (same cache); `pip` installs into a throwaway environment layered over
-`.venv`, so the shared dev environment is left as it was. Then the section's promise is checked.
+the cheap way (`harnessrl.testkit.policies`, each built once per machine): `.harnessrl/demo/warm`
+(after `make demo`) is the demo's warm start; `MODEL` of the mini-swe-agent example is the
+tool-calling tiny policy `test_mini_swe_agent_loop.py` trains from; `pip` installs into a throwaway
+environment layered over `.venv`, so the shared dev environment is left as it was. Then the
+section's promise is checked.
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -27,14 +26,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import psutil
 import pytest
 
-from harnessrl.shared.cache import build_once, cache_root
 from harnessrl.shared.runspec import load_run_spec
+from harnessrl.testkit import policies
 from harnessrl.testkit.readme import ReadmeError, Section, blocks, sections, shorten
 from harnessrl.testkit.readme_run import BlockRun, SectionRun
 
@@ -139,50 +137,16 @@ def test_the_readmes_have_runnable_sections() -> None:
 # --- what a section needs that its reader already has -------------------------------------------------
 
 
-def load_test_module(name: str) -> ModuleType:
-    """Another test module of this folder, by path (its helpers build a cached policy)."""
-    spec = importlib.util.spec_from_file_location(f"readme_{name}", Path(__file__).parent / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def demo_warm(tiny_model: Path) -> Path:
-    """What `make demo` leaves in `.harnessrl/demo/warm`: its warm start, built once per machine.
-
-    Built by the demo's own `warm_start` with the demo's settings, keyed on those settings, the
-    sources that decide the result and the base model's files.
-    """
-    from harnessrl.stack.demo import run, tasks
-    from harnessrl.trainer import warmstart
-
-    settings = run.DemoSettings()
-    digest = hashlib.sha256(f"{settings.warm_steps} {settings.warm_examples}".encode())
-    for source in (run, tasks, warmstart):
-        digest.update(Path(str(source.__file__)).read_bytes())
-    for path in sorted(p for p in tiny_model.iterdir() if p.is_file()):
-        digest.update(path.name.encode() + path.read_bytes())
-    target = cache_root() / "demo-warm" / digest.hexdigest()[:16]
-    build_once(
-        target, lambda staging: run.warm_start(staging, tiny_model, settings), done="demo/warm/config.json"
-    )
-    return target / "demo" / "warm"
+    """What `make demo` leaves in `.harnessrl/demo/warm`: its warm start, built once per machine."""
+    return policies.demo_warm_start(tiny_model)
 
 
 @pytest.fixture(scope="session")
 def tool_calling_policy(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny policy warm-started to answer mini-swe-agent with bash tool calls (cached per machine)."""
-    from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
-
-    loop = load_test_module("test_mini_swe_agent_loop")
-    root = ensure_tinyswe()
-    by_id = {row["instance_id"]: row for row in load_instances(root)}
-    rows = [dict(by_id[i], repo_path=str(root / by_id[i]["repo_path"])) for i in loop.TASK_IDS]
-    fixes = {row["instance_id"]: loop.fix_command(row["patch"]) for row in rows}
-    demos = loop.demonstrations(tmp_path_factory.mktemp("mswea-demos"), rows, fixes)
-    return Path(loop.warm_start(tiny_model, demos))
+    return policies.tool_calling_policy(tiny_model, tmp_path_factory.mktemp("mswea-demos")).model
 
 
 def throwaway_environment(where: Path) -> Path:

@@ -1,7 +1,8 @@
 """The `harnessrl` command.
 
-`up` and `status` live here; every service adds its own subcommands through the entry point group
-`harnessrl.commands` (a `register(subparsers)` callable), so this module never imports a service.
+`up`, `status`, `train` and `demo` live here; every service adds its own subcommands through the
+entry point group `harnessrl.commands` (a `register(subparsers)` callable), so this parser needs no
+service's code to list them (and `harnessrl --help` loads none of their heavy parts).
 """
 
 from __future__ import annotations

@@ -85,10 +85,6 @@ def untrained_warnings(
 
 
 def detail_lines(detail: str, count: int = 2) -> list[str]:
-    """The first `count` non-blank lines of a stderr tail, each cut to 160 characters.
-
-    The first lines are the harness's own (a missing program's one-line error); the episode runner's
-    log lines come after them.
-    """
+    """The first `count` non-blank lines of a stderr tail, each cut to 160 characters."""
     lines = [line.rstrip()[:160] for line in detail.splitlines() if line.strip()]
     return lines[:count]

@@ -24,17 +24,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
-import nats.js.errors
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
-from harnessrl.shared import control_api, subjects
+from harnessrl.shared import control_api
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.net import NatsUnreachable, port_free, probe_nats
 from harnessrl.stack.follow import RunFollower, RunProgress, plot, render
 from harnessrl.stack.local import LocalStack, StackPorts
+from harnessrl.stack.readiness import trainer_subscribed
 
 console = Console(stderr=True)
 VersionHook = Callable[[int, RunProgress], Awaitable[None]]
@@ -167,9 +167,7 @@ class TrainSession:
                 f"note: the deployment trains and serves its own model; the spec's `model` "
                 f"({self.spec.model}) does not choose the policy there"
             )
-        try:
-            await bus.js.consumer_info(subjects.ROLLOUTS.name, subjects.trainer_consumer(run))
-        except nats.js.errors.NotFoundError:
+        if not await trainer_subscribed(bus, run):
             console.print(
                 f"[yellow]warning:[/] no trainer has subscribed to run {run} on this deployment: "
                 f"its episodes run, but nothing trains until a trainer for run {run} starts"
