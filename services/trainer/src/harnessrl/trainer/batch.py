@@ -21,11 +21,15 @@ from harnessrl.trainer.samples import TrainingRow
 
 
 class RowBatch(msgspec.Struct, kw_only=True):
-    """Rows of one step with the per-row values the loss needs."""
+    """Rows of one step with the per-row values the loss needs.
+
+    `temperature` is the one the rows' trained tokens were sampled at (the run's sampling).
+    """
 
     rows: list[TrainingRow]
     advantages: list[float]
     weights: list[float]
+    temperature: float = 1.0
 
 
 def padded_fields(rows: Sequence[TrainingRow]) -> dict[str, torch.Tensor]:
@@ -59,7 +63,7 @@ def padded_fields(rows: Sequence[TrainingRow]) -> dict[str, torch.Tensor]:
     }
 
 
-def to_tensordict(batch: RowBatch, *, temperature: float = 1.0, seed: int = 0) -> TensorDict:
+def to_tensordict(batch: RowBatch, *, seed: int = 0) -> TensorDict:
     """The verl no-padding TensorDict of a step: one mini-batch, one epoch."""
     fields = padded_fields(batch.rows)
     mask = fields["response_mask"]
@@ -72,7 +76,7 @@ def to_tensordict(batch: RowBatch, *, temperature: float = 1.0, seed: int = 0) -
     data = left_right_2_no_padding(data)
     tu.assign_non_tensor(
         data,
-        temperature=temperature,
+        temperature=batch.temperature,
         global_batch_size=size,
         mini_batch_size=size,
         epochs=1,

@@ -149,11 +149,13 @@ class PolicyEngine:
             )
         )
 
-    def row_logprobs(self, rows: list[TrainingRow], *, reference: bool = False) -> list[list[float]]:
-        """The policy's (or the reference's) logprobs of each row's response tokens."""
+    def row_logprobs(
+        self, rows: list[TrainingRow], *, temperature: float = 1.0, reference: bool = False
+    ) -> list[list[float]]:
+        """The policy's (or the reference's) logprobs of each row's response tokens at `temperature`."""
         if reference and isinstance(self.reference, torch.nn.Module):
-            return _module_logprobs(self.reference, rows, self.settings.temperature)
-        data = probe_tensordict(rows, temperature=self.settings.temperature)
+            return _module_logprobs(self.reference, rows, temperature)
+        data = probe_tensordict(rows, temperature=temperature)
         worker = self.reference if reference else self.worker
         output = worker.infer_batch(data)
         padded = no_padding_2_padding(tu.get(output, "log_probs"), data)
@@ -163,15 +165,16 @@ class PolicyEngine:
 
     def train(self, batch: RowBatch, *, step: int) -> dict[str, float]:
         """One optimizer update on `batch`; returns verl's and our loss metrics (floats)."""
-        data = to_tensordict(batch, temperature=self.settings.temperature, seed=step)
+        data = to_tensordict(batch, seed=step)
         extra: dict[str, float] = {}
         width = data["old_log_probs"].shape[1]
         if self.settings.recompute_old_logprobs:
-            old = self.row_logprobs(batch.rows)
+            old = self.row_logprobs(batch.rows, temperature=batch.temperature)
             data["old_log_probs"] = _padded(old, width)
             extra = logprob_mismatch(batch.rows, old)
         if self.reference is not None:
-            data["ref_log_prob"] = _padded(self.row_logprobs(batch.rows, reference=True), width)
+            reference = self.row_logprobs(batch.rows, temperature=batch.temperature, reference=True)
+            data["ref_log_prob"] = _padded(reference, width)
         tu.assign_non_tensor(data, calculate_entropy=self.settings.calculate_entropy)
         output = self.worker.train_mini_batch(data)
         return {**_flatten_metrics(tu.get(output, "metrics")), **extra}

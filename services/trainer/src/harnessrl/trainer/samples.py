@@ -39,7 +39,8 @@ class TrainingRow(msgspec.Struct, kw_only=True):
     """One training sequence of a rollout (verl layout: prompt, then response region).
 
     `loss_mask`, `logprobs` and `versions` cover the response region only
-    (`input_ids[prompt_len:]`); `versions` is -1 where the mask is 0.
+    (`input_ids[prompt_len:]`); `versions` is -1 where the mask is 0. `temperature` is the one
+    every trained token of the row was sampled at.
     """
 
     rollout_id: str
@@ -49,6 +50,7 @@ class TrainingRow(msgspec.Struct, kw_only=True):
     logprobs: list[float]
     versions: list[int]
     truncated: bool = False
+    temperature: float = 1.0
 
     @property
     def trained_tokens(self) -> int:

@@ -35,9 +35,13 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Recompute old logprobs with the trainer (one extra forward) and apply truncated IS; when
     # False the rollout logprobs serve as old logprobs ("bypass": the PPO ratio is the IS ratio).
     recompute_old_logprobs: bool = True
-    # Micro-batches are packed up to this many tokens (verl's dynamic batch size).
-    max_tokens_per_micro_batch: int = 16384
-    temperature: float = 1.0
+    # Micro-batches are packed up to this many tokens (verl's dynamic batch size); a row must fit
+    # in one, so `limits.max_seq_len` may not exceed it (checked at start).
+    max_tokens_per_micro_batch: int = 65536
+    # The temperature the loss divides logits by. None: the run's sampling temperature, read from
+    # the spans (the gateway records what every call was sampled with); spans sampled otherwise
+    # are not trained (counted as `tokens/unmodeled_sampling`).
+    temperature: float | None = None
     calculate_entropy: bool = True
     seed: int = 0
     strategy: str = "fsdp2"
@@ -53,7 +57,7 @@ class EngineSettings(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         """Reject values the engine cannot run with."""
         _require(self.lr > 0, "engine.lr", "must be positive")
-        _require(self.temperature > 0, "engine.temperature", "must be positive")
+        _require(self.temperature is None or self.temperature > 0, "engine.temperature", "must be positive")
         _require(self.max_tokens_per_micro_batch > 0, "engine.max_tokens_per_micro_batch", "must be positive")
         _require(self.torch_threads >= 0, "engine.torch_threads", "must be 0 (torch's default) or more")
 
@@ -108,12 +112,17 @@ class PoolSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SampleLimits(msgspec.Struct, frozen=True, kw_only=True):
-    """Length limits of training rows."""
+    """Length limits of training rows, and which sampled tokens train."""
 
-    # A call whose prompt alone is longer starts no row (its tokens are not trained).
-    max_prompt_len: int = 4096
-    # Rows are cut here; sampled tokens beyond the cut are not trained and the row is closed.
-    max_seq_len: int = 8192
+    # A call whose prompt alone is longer starts no row (its tokens are not trained, counted).
+    # The defaults fit coding agents, whose contexts reach 32k tokens and more.
+    max_prompt_len: int = 61440
+    # No row grows past this: a call that would push a row over it closes that row and starts a
+    # new one; sampled tokens that fit in no row are not trained (counted).
+    max_seq_len: int = 65536
+    # A completion the harness threw away (it re-sent the same prompt: a retry) is a dead end;
+    # by default its tokens are context, not trained with the episode's advantage.
+    train_dead_ends: bool = False
 
     def __post_init__(self) -> None:
         """A row must have room for a prompt and something after it."""
@@ -148,9 +157,13 @@ class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
     weight_transfer: Literal["reload", "nccl"] = "reload"
     nccl_master_address: str = ""
     nccl_master_port: int = 29600
-    # A replica whose probe logprobs differ from the trainer's by more than this fails the sync.
-    probe_tolerance: float = 0.02
+    # A replica whose probe logprobs differ from the trainer's by more than this fails the sync
+    # (float32 noise is about 1e-5; one ordinary step moves them by more), as does one closer to
+    # the previous version's logprobs than to the new ones.
+    probe_tolerance: float = 1e-3
     probe_token_ids: list[int] = msgspec.field(default_factory=lambda: list(range(10, 42)))
+    # A rollout whose spans fail to decode this many deliveries in a row is dead-lettered.
+    decode_attempts: int = 5
     # A redelivered rollout not yet covered by a checkpoint is naked for this long.
     ack_recheck_s: float = 0.5
     # Handlers never hold a message (see service.py), so a short ack wait only matters after a
@@ -181,6 +194,13 @@ class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
         _require(len(self.probe_token_ids) >= 2, "probe_token_ids", "needs at least two tokens")
         _require(self.ack_recheck_s > 0, "ack_recheck_s", "must be positive")
         _require(self.ack_wait_s > 0, "ack_wait_s", "must be positive")
+        _require(self.decode_attempts >= 1, "decode_attempts", "must be at least 1")
+        _require(
+            self.limits.max_seq_len <= self.engine.max_tokens_per_micro_batch,
+            "limits.max_seq_len",
+            f"({self.limits.max_seq_len}) must not exceed engine.max_tokens_per_micro_batch"
+            f" ({self.engine.max_tokens_per_micro_batch}): a row must fit in one micro-batch",
+        )
         _require(
             self.weight_transfer != "nccl" or bool(self.nccl_master_address),
             "nccl_master_address",

@@ -20,12 +20,12 @@ import msgspec
 
 from harnessrl.shared.contracts import StepMetrics
 from harnessrl.shared.log import get_logger
-from harnessrl.trainer.advantages import AssembledRollout, score_groups, token_weights
+from harnessrl.trainer.advantages import AssembledRollout, ScoredRollout, score_groups, token_weights
 from harnessrl.trainer.batch import RowBatch
 from harnessrl.trainer.checkpoint import CheckpointStore, TrainerState, weights_digest
 from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.metrics import batch_metrics
-from harnessrl.trainer.samples import BuildReport, TrainingRow
+from harnessrl.trainer.samples import BuildReport
 from harnessrl.trainer.settings import TrainerSettings
 
 log = get_logger(__name__)
@@ -108,16 +108,8 @@ class Trainer:
         )  # fmt: skip
         if not outcome.scored:
             return self._untrained(values, staleness, dropped, is_step=bool(current))
-        weights = token_weights(outcome.scored)
-        rows: list[TrainingRow] = []
-        advantages: list[float] = []
-        row_weights: list[float] = []
-        for item in outcome.scored:
-            for row in item.assembled.rows:
-                rows.append(row)
-                advantages.append(item.advantage)
-                row_weights.append(weights[item.assembled.rollout_id])
-        batch = RowBatch(rows=rows, advantages=advantages, weights=row_weights)
+        batch = self._row_batch(outcome.scored)
+        rows = batch.rows
         values.update(self.engine.train(batch, step=self.state.step + 1))
         checkpoint = self._checkpoint([item.assembled.rollout_id for item in outcome.scored])
         elapsed = time.monotonic() - started
@@ -125,6 +117,24 @@ class Trainer:
         values["perf/tokens_per_s"] = sum(len(row.input_ids) for row in rows) / max(elapsed, 1e-9)
         metrics = self._metrics(values, staleness, dropped, trained=True)
         return StepResult(trained=True, metrics=metrics, checkpoint=checkpoint)
+
+    def _row_batch(self, scored: Sequence[ScoredRollout]) -> RowBatch:
+        """The step's rows with their advantages, per-rollout weights and sampling temperature."""
+        weights = token_weights(scored)
+        batch = RowBatch(rows=[], advantages=[], weights=[], temperature=self._temperature(scored))
+        for item in scored:
+            for row in item.assembled.rows:
+                batch.rows.append(row)
+                batch.advantages.append(item.advantage)
+                batch.weights.append(weights[item.assembled.rollout_id])
+        return batch
+
+    def _temperature(self, scored: Sequence[ScoredRollout]) -> float:
+        """The configured temperature, else the one the rows were sampled at (the run's sampling)."""
+        if self.settings.engine.temperature is not None:
+            return self.settings.engine.temperature
+        seen = Counter(row.temperature for item in scored for row in item.assembled.rows)
+        return seen.most_common(1)[0][0] if seen else 1.0
 
     def _untrained(
         self, values: dict[str, float], staleness: dict[str, int], dropped: Counter[str], *, is_step: bool
