@@ -23,6 +23,7 @@ from harnessrl.shared.bus import (
     StreamDriftError,
     TransientError,
 )
+from harnessrl.shared.bus.base import LastOnSubject, LastSequenceMismatchError
 from harnessrl.shared.contracts import WeightVersion
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.subjects import StreamSpec
@@ -316,3 +317,55 @@ async def test_replay_leaves_no_consumer_behind(nats_server: NatsServer) -> None
     finally:
         await bus.js.delete_stream(name)
         await bus.close()
+
+
+async def test_conditional_publish_stores_only_against_the_subjects_last_message(any_bus: Bus) -> None:
+    run, other = new_id("run"), new_id("run")
+    subject = subjects.weights(run)
+    first = await any_bus.publish(
+        subject, weight(run, 0), msg_id=f"{run}:0", expect=LastOnSubject(stream="WEIGHTS", seq=0)
+    )
+    await any_bus.publish(subjects.weights(other), weight(other, 0), msg_id=f"{other}:0")  # per subject
+    with pytest.raises(LastSequenceMismatchError) as lost:  # a second writer that saw no message
+        await any_bus.publish(
+            subject, weight(run, 9), msg_id=f"{run}:9", expect=LastOnSubject(stream="WEIGHTS", seq=0)
+        )
+    assert lost.value.last_seq == first.seq and lost.value.complete
+    assert [(d.msg_id, d.stream_seq) for d in lost.value.newer] == [(f"{run}:0", first.seq)]
+    second = await any_bus.publish(
+        subject, weight(run, 1), msg_id=f"{run}:1", expect=LastOnSubject(stream="WEIGHTS", seq=first.seq)
+    )
+    replayed = await any_bus.replay(subjects.WEIGHTS.name, subject)
+    assert [d.decode(WeightVersion).version for d in replayed] == [0, 1]
+    assert replayed[-1].stream_seq == second.seq
+
+
+async def test_conditional_publish_retried_after_a_lost_ack_finds_itself(any_bus: Bus) -> None:
+    """A retry of a stored conditional publish: deduplicated, or refused naming the message itself."""
+    run = new_id("run")
+    subject, expect = subjects.weights(run), LastOnSubject(stream="WEIGHTS", seq=0)
+    first = await any_bus.publish(subject, weight(run, 0), msg_id=f"{run}:0", expect=expect)
+    try:
+        again = await any_bus.publish(subject, weight(run, 0), msg_id=f"{run}:0", expect=expect)
+    except LastSequenceMismatchError as lost:  # JetStream checks the expectation first
+        assert [d.msg_id for d in lost.newer] == [f"{run}:0"]
+    else:
+        assert again.duplicate and again.seq == first.seq
+    assert len(await any_bus.replay(subjects.WEIGHTS.name, subject)) == 1
+
+
+async def test_a_lost_race_names_the_messages_that_beat_it_oldest_first(any_bus: Bus) -> None:
+    run = new_id("run")
+    subject = subjects.weights(run)
+    acks = [await any_bus.publish(subject, weight(run, v), msg_id=f"{run}:{v}") for v in range(40)]
+    with pytest.raises(LastSequenceMismatchError) as lost:
+        await any_bus.publish(
+            subject,
+            weight(run, 99),
+            msg_id=f"{run}:99",
+            expect=LastOnSubject(stream="WEIGHTS", seq=acks[9].seq),
+        )
+    assert lost.value.last_seq == acks[-1].seq
+    newer = [d.decode(WeightVersion).version for d in lost.value.newer]
+    assert newer == list(range(10, 10 + len(newer))) and newer  # a prefix of what came after
+    assert lost.value.complete == (len(newer) == 30)

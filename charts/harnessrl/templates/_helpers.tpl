@@ -28,6 +28,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* Copies of every harnessrl stream and bucket: nats.streamReplicas, else the bundled cluster's size (at most 3). */}}
+{{- define "harnessrl.natsStreamReplicas" -}}
+{{- $bundled := ternary (min (int .Values.nats.replicas) 3) 1 .Values.nats.deploy -}}
+{{- $replicas := int (default $bundled .Values.nats.streamReplicas) -}}
+{{- if and .Values.nats.deploy (gt $replicas (int .Values.nats.replicas)) -}}
+{{- fail (printf "nats.streamReplicas %d needs nats.replicas of %d or more" $replicas $replicas) -}}
+{{- end -}}
+{{- $replicas -}}
+{{- end -}}
+
 {{- define "harnessrl.keySecretName" -}}
 {{- default (printf "%s-episode-key" (include "harnessrl.fullname" .)) .Values.keySecret.existingSecret -}}
 {{- end -}}
@@ -66,6 +76,11 @@ seccompProfile:
   env:
     - name: HRL_{{ upper .component }}_NATS_URL
       value: {{ include "harnessrl.natsUrl" .root | quote }}
+    {{- $streamReplicas := include "harnessrl.natsStreamReplicas" .root | int }}
+    {{- if gt $streamReplicas 1 }}
+    - name: HRL_NATS_REPLICAS
+      value: {{ $streamReplicas | quote }}
+    {{- end }}
     {{- range $name, $value := .values.env }}
     - name: {{ $name }}
       value: {{ $value | quote }}

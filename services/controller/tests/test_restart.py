@@ -70,6 +70,8 @@ async def test_kill_9_and_restart_mid_run(bus: NatsBus, nats_server: Any, tmp_pa
         "HRL_CONTROLLER_KUBE_WATCH_TIMEOUT_S": "5",
         "HRL_CONTROLLER_STATE_DIR": str(tmp_path / "state"),
         "HRL_CONTROLLER_RUNS": json.dumps([run]),
+        # The restarted controller waits out the lease of the one it replaces: keep that short here.
+        "HRL_CONTROLLER_LEASE_TTL_S": "3",
     }
     log = tmp_path / "controller.log"
     first = await start_controller(env, log)

@@ -317,24 +317,24 @@ async def test_first_sight_of_an_episode_reads_its_runs_sampling(bus: Bus) -> No
     first = KeyedEpisode(run=new_id("samp"))
     await _schedule(bus, first, {"temperature": 1.0})
     cache = EpisodeCache(bus, cache_size=8)  # not following events: only the first-sight lookup
-    await cache.calls(first.run, first.episode)
+    await cache.episode(first.run, first.episode)
     assert cache.sampling(first.run) == {"temperature": 1.0}
     second = KeyedEpisode(run=first.run)  # no schedule of its own yet: the run's policy is known
-    await cache.calls(second.run, second.episode)
+    await cache.episode(second.run, second.episode)
     assert cache.sampling(second.run) == {"temperature": 1.0}
     stranger = KeyedEpisode(run=new_id("none"))  # a key minted outside any run: no policy
-    await cache.calls(stranger.run, stranger.episode)
+    await cache.episode(stranger.run, stranger.episode)
     assert cache.sampling(stranger.run) == {}
     # Remembered as "none" only until a schedule of that run is seen.
     following = EpisodeCache(bus, cache_size=8)
     await following.start()
     try:
-        await following.calls(stranger.run, stranger.episode)
+        await following.episode(stranger.run, stranger.episode)
         assert following.sampling(stranger.run) == {}
         await _schedule(bus, KeyedEpisode(run=stranger.run), {"temperature": 0.3})
         await _eventually(lambda: following.sampling(stranger.run) == {"temperature": 0.3}, "schedule")
         later = KeyedEpisode(run=stranger.run)
-        await following.calls(later.run, later.episode)
+        await following.episode(later.run, later.episode)
         assert following.sampling(later.run) == {"temperature": 0.3}
     finally:
         await following.stop()

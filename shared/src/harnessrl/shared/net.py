@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import urllib.parse
+from collections.abc import Sequence
 
 NATS_PORT = 4222
 DEFAULT_NATS_URL = f"nats://127.0.0.1:{NATS_PORT}"
@@ -18,6 +19,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports on 127.0.0.1 that nothing listens on right now."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def port_free(port: int) -> bool:
@@ -34,10 +47,22 @@ class NatsUnreachable(ConnectionError):
     """No NATS server answers at a URL; the message is meant for a person."""
 
 
+def nats_servers(url: str | Sequence[str]) -> list[str]:
+    """Every server of a NATS URL list: a comma-separated string (as settings carry it) or a list.
+
+    A cluster's clients take all of its nodes, so a node that dies is only a reconnect away.
+    """
+    parts = url.split(",") if isinstance(url, str) else list(url)
+    servers = [part.strip() for part in parts if part.strip()]
+    if not servers:
+        raise NatsUnreachable(f"no NATS server in {url!r}")
+    return servers
+
+
 def nats_addresses(url: str) -> list[tuple[str, int]]:
     """The host and port of each server in a comma-separated NATS URL list."""
     addresses = []
-    for server in (part.strip() for part in url.split(",")):
+    for server in nats_servers(url):
         try:
             parts = urllib.parse.urlsplit(server if "://" in server else f"nats://{server}")
             addresses.append((parts.hostname or "127.0.0.1", parts.port or NATS_PORT))

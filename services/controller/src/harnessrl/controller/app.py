@@ -1,4 +1,4 @@
-"""Running the controller as a process: settings -> logging -> bus -> service, until signalled.
+"""Running the controller as a process: settings -> logging -> bus -> lease -> service, until signalled.
 
 The heavy parts (the bus client, the Kubernetes client behind the service) are imported when the
 service starts, so `harnessrl --help`, which builds this parser, stays fast.
@@ -29,14 +29,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve(settings: ControllerSettings, stop: asyncio.Event | None = None) -> None:
-    """Connect, resume runs, answer requests until `stop` is set (or SIGTERM/SIGINT)."""
-    from harnessrl.controller.service import Controller
+    """Connect, wait for the lease, then run the controller until `stop` (or SIGTERM/SIGINT).
+
+    As a standby it waits without acting; losing the lease ends the process (`standby.py`).
+    """
+    from harnessrl.controller.standby import ActiveStandby
     from harnessrl.shared.bus import NatsBus
 
     bus = NatsBus(settings.nats_url, name="harnessrl-controller")
     await bus.connect()
     try:
-        await run_until_signalled(Controller(bus, settings), stop=stop)
+        service = ActiveStandby(bus, settings)
+        await run_until_signalled(service, finished=service.wait(), stop=stop)
     finally:
         await bus.close()
 

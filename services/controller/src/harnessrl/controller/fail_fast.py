@@ -70,6 +70,7 @@ async def announce_stop(bus: Bus, store: EpisodeStore, record: RunRecord) -> Run
     if record.stopped is None or record.stop_published:
         return record
     run = record.spec.run
+    store.ensure_active()
     await bus.publish(subjects.run_event(run, "stopped"), record.stopped, msg_id=f"{run}:stopped")
     published = msgspec.structs.replace(record, stop_published=True)
     await store.save_run(published)

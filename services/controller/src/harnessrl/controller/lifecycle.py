@@ -69,12 +69,20 @@ class RunEpisodes:
         return self.tasks.get(record.task)
 
     async def load(self, records: list[EpisodeRecord]) -> None:
-        """Adopt records read from KV after a restart and republish what was never published."""
+        """Adopt records read from KV after a restart: claim the unfinished ones, republish the unpublished.
+
+        Claiming (`EpisodeStore.claim_episode`) fences off the controller before this one: a write
+        of its that is still on its way can no longer land on a record this controller acts on.
+        """
         self.records = {record.episode: record for record in records}
         for record in records:
-            if not record.published:
-                async with self.lock(record.episode):
-                    await self._publish(record)
+            if record.terminal and record.published:
+                continue
+            async with self.lock(record.episode):
+                claimed = await self._store.claim_episode(record)
+                self.records[claimed.episode] = claimed
+                if not claimed.published:
+                    await self._publish(claimed)
 
     async def add(self, record: EpisodeRecord) -> EpisodeRecord:
         """Create a new episode record (an existing one wins: the schedule was replayed)."""
@@ -97,6 +105,7 @@ class RunEpisodes:
 
     async def _publish(self, record: EpisodeRecord) -> None:
         items = outbox(record, self.task_of(record), self._launcher_kind, self._sampling)
+        self._store.ensure_active()
         if items:
             await self._bus.publish_batch(items)
         done = msgspec.structs.replace(record, published=True)

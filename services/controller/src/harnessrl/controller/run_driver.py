@@ -192,6 +192,7 @@ class RunDriver:
                 self._log.warning("episode.not_launched", episode=record.episode, reason="run stopped")
                 return
             while True:
+                self._store.ensure_active()
                 try:
                     where = await self._launcher.launch(request)
                     break

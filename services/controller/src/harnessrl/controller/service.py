@@ -19,7 +19,7 @@ from harnessrl.controller.launchers.local import LocalLauncher
 from harnessrl.controller.records import RunRecord
 from harnessrl.controller.run_driver import RunDriver
 from harnessrl.controller.settings import ControllerSettings
-from harnessrl.controller.store import EpisodeStore
+from harnessrl.controller.store import EpisodeStore, always_active
 from harnessrl.controller.task_files import TaskFileError, load_tasks
 from harnessrl.shared import control_api, subjects
 from harnessrl.shared.bus import Bus, Subscription
@@ -52,12 +52,22 @@ def default_launcher(spec: RunSpec, settings: ControllerSettings) -> Launcher:
 
 
 class Controller:
-    """Owns every run's driver; one active controller per cluster (KV revisions guard it)."""
+    """Owns every run's driver; one active controller per group (`standby.py`; KV revisions guard it).
+
+    `ensure_active` raises while this controller may not act (it lost its lease); the store calls it
+    before every write, launch and publish.
+    """
 
     def __init__(
-        self, bus: Bus, settings: ControllerSettings, launcher_factory: LauncherFactory = default_launcher
+        self,
+        bus: Bus,
+        settings: ControllerSettings,
+        launcher_factory: LauncherFactory = default_launcher,
+        *,
+        ensure_active: Callable[[], None] = always_active,
     ) -> None:
         self._bus, self._settings, self._factory = bus, settings, launcher_factory
+        self._ensure_active = ensure_active
         self.runs: dict[str, RunDriver] = {}
         self._store: EpisodeStore | None = None
         self._served: list[Subscription] = []
@@ -77,7 +87,8 @@ class Controller:
     async def start(self) -> None:
         """Resume every active run, then serve the control API."""
         await self._bus.ensure_streams(subjects.ALL_STREAMS)
-        self._store = EpisodeStore(await self._bus.kv(subjects.EPISODE_STATE))
+        kv = await self._bus.kv(subjects.EPISODE_STATE)
+        self._store = EpisodeStore(kv, ensure_active=self._ensure_active)
         for record in await self.store.runs():
             if not self._owns(record.spec.run):
                 continue
@@ -130,7 +141,9 @@ class Controller:
 
     async def _start_run(self, record: RunRecord) -> RunDriver:
         tasks = load_tasks(record.spec.tasks)
-        launcher = self._factory(record.spec, self._settings)
+        # In a thread: the Kubernetes client's API classes take a second or more to build the first
+        # time, long enough to starve the lease renewals of a short `lease_ttl_s`.
+        launcher = await asyncio.to_thread(self._factory, record.spec, self._settings)
         driver = RunDriver(
             self._bus, self.store, record, tasks=tasks, launcher=launcher, settings=self._settings
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,6 +12,8 @@ from harnessrl.shared.net import DEFAULT_NATS_URL
 from harnessrl.shared.settings import SettingsError, load_settings
 
 ENV_PREFIX = "HRL_CONTROLLER_"
+_MIN_LEASE_TTL_S = 0.5
+_LEASE_GROUP = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,6 +42,14 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     request_timeout_s: float = 10.0
     # The runs this controller owns (empty: every run). One active controller per run.
     runs: list[str] = msgspec.field(default_factory=list)
+    # Active and standby: controllers of one group share a lease (KV `hrl-controller-lease`) and only
+    # its holder works. Empty: the group is named after `runs`, so controllers that own the same runs
+    # are one group and controllers owning other runs never wait for each other.
+    lease_group: str = ""
+    # Seconds a lease outlives its holder's last renewal (renewed every third of it). A standby takes
+    # over about 1.2 times this after the holder died (12 s by default, under the 15 s bound); a
+    # holder cut off from the bus stops at two thirds of it, before anyone else may start.
+    lease_ttl_s: float = 10.0
     # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
@@ -47,6 +58,10 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
         """Refuse values the controller cannot work with (the message names the field)."""
         if self.kube_watch_timeout_s < 1:
             raise SettingsError("kube_watch_timeout_s must be >= 1")
+        if self.lease_ttl_s < _MIN_LEASE_TTL_S:
+            raise SettingsError(f"lease_ttl_s must be >= {_MIN_LEASE_TTL_S}: a renewal takes a KV round trip")
+        if self.lease_group and not _LEASE_GROUP.match(self.lease_group):
+            raise SettingsError(f"lease_group {self.lease_group!r}: only letters, digits, '-' and '_'")
 
     @property
     def secret(self) -> bytes:

@@ -1,15 +1,16 @@
-"""Episodes as the gateway sees them: open or closed, call counter and last span (for deltas).
+"""Episodes as this gateway replica knows them: open or closed, their spans, their run's sampling.
 
-Open/closed comes from the EPISODES stream: an episode whose `agent_exited`, `completed` or
-`failed` event was seen refuses further calls. An episode never seen is open while its key
-verifies (keys are signed and expire). A run's sampling policy comes from its episodes'
-`scheduled` events; on first sight of an episode of a run not yet seen, from that episode's own
-`scheduled` event (the controller publishes it before it launches the harness).
+All of it is a cache of the bus, bounded and right after a restart. On first sight of an episode (a
+new one, or after a restart or an eviction) the gateway looks its closing events up on the bus
+(`agent_exited`, `completed`, `failed`: one exact-subject read each, in parallel) and, for a run
+whose sampling policy it doesn't know, the episode's `scheduled` event (the controller publishes it
+before it launches the harness). Afterwards it follows new lifecycle events (never the stream's
+history) for closes of the episodes it holds and for schedules. It holds at most `cache_size`
+episodes (LRU); an evicted one is looked up again when it comes back. A closed episode refuses
+further calls; one never seen is open while its key verifies (keys are signed and expire).
 
-Per episode the gateway keeps its next `seq` and its last span's context (prompt + completion
-ids) in an LRU. On first sight of an episode (a new one, or after a restart or eviction) the
-state is rebuilt from the episode's spans on the bus, so `seq` never repeats and deltas keep
-referring to a stored span.
+An episode's spans (`EpisodeSpans`) start empty and are read only when an append finds the
+subject already moved on, so a new episode costs no read of SPANS at all.
 """
 
 from __future__ import annotations
@@ -17,67 +18,54 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 
+from harnessrl.gateway.episode_spans import EpisodeSpans
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus, ConsumerSpec, Delivery, Subscription
 from harnessrl.shared.contracts import (
     AgentExited,
-    ContractError,
     EpisodeCompleted,
     EpisodeFailed,
     EpisodeScheduled,
     Sampling,
-    Span,
     decode_event,
 )
 from harnessrl.shared.log import get_logger
-from harnessrl.shared.tokens import TokenDeltaError, reconstruct_prompts, span_context
 
 log = get_logger(__name__)
 
 # The harness is done once it exited; terminal events close episodes whose exit was missed.
 CLOSING_EVENTS = (AgentExited, EpisodeCompleted, EpisodeFailed)
+_CLOSING_KINDS = tuple(str(kind.__struct_config__.tag) for kind in CLOSING_EVENTS)
+
+Key = tuple[str, str]
 
 
-class EpisodeCalls:
-    """The call state of one episode: next seq and the parent of the next span."""
+class Episode:
+    """One episode held by this replica: whether it is closed, and its spans."""
 
-    __slots__ = ("last_context", "last_span", "next_seq")
+    __slots__ = ("closed", "looked_up", "spans")
 
-    def __init__(self) -> None:
-        self.next_seq = 0
-        self.last_span: str | None = None
-        self.last_context: list[int] | None = None
-
-    def take_seq(self) -> int:
-        """Reserve the next sequence number (never reused, even if its publish fails)."""
-        seq = self.next_seq
-        self.next_seq += 1
-        return seq
-
-    def advance(self, span_id: str, context: list[int]) -> None:
-        """Make `span_id` the parent of the episode's next call."""
-        self.last_span, self.last_context = span_id, context
+    def __init__(self, looked_up: asyncio.Future[bool]) -> None:
+        self.closed = False  # once True, stays True
+        self.spans = EpisodeSpans()
+        self.looked_up = looked_up  # True: a closing event is stored
 
 
 class EpisodeCache:
-    """What the gateway knows of episodes, all of it a cache of the bus.
-
-    Which episodes are closed and each run's sampling (both from lifecycle events), and each
-    episode's call state (an LRU, rebuilt from the episode's spans on a miss).
-    """
+    """The episodes this replica holds (an LRU of `cache_size`) and each run's sampling policy."""
 
     def __init__(self, bus: Bus, *, cache_size: int) -> None:
         self.bus = bus
         self.cache_size = cache_size
-        self.closed: set[tuple[str, str]] = set()
         self.run_sampling: dict[str, Sampling] = {}
-        self._calls: OrderedDict[tuple[str, str], EpisodeCalls] = OrderedDict()
-        self._loading: dict[tuple[str, str], asyncio.Future[EpisodeCalls]] = {}
+        self._episodes: OrderedDict[Key, Episode] = OrderedDict()
         self._subscription: Subscription | None = None
 
     async def start(self) -> None:
-        """Follow every lifecycle event from the start of the stream (an ephemeral consumer)."""
-        spec = ConsumerSpec(stream=subjects.EPISODES.name, filter_subject=f"{subjects.PREFIX}.episode.>")
+        """Follow lifecycle events from now on (an ephemeral consumer; first sight covers the past)."""
+        spec = ConsumerSpec(
+            stream=subjects.EPISODES.name, filter_subject=f"{subjects.PREFIX}.episode.>", deliver="new"
+        )
         self._subscription = await self.bus.subscribe(spec, self._on_event)
 
     async def stop(self) -> None:
@@ -90,45 +78,66 @@ class EpisodeCache:
         if isinstance(event, EpisodeScheduled):
             self.run_sampling[event.run] = event.sampling
         elif isinstance(event, CLOSING_EVENTS):
-            self.closed.add((event.run, event.episode))
+            held = self._episodes.get((event.run, event.episode))
+            if held is not None:
+                held.closed = True
+
+    def __len__(self) -> int:
+        return len(self._episodes)
 
     def is_closed(self, run: str, episode: str) -> bool:
-        """Whether the episode's harness is done (its calls are refused)."""
-        return (run, episode) in self.closed
+        """Whether the episode is held here and known to be closed (no lookup)."""
+        held = self._episodes.get((run, episode))
+        return held is not None and held.closed
 
-    async def calls(self, run: str, episode: str) -> EpisodeCalls:
-        """The episode's call state, rebuilt from its stored spans on first sight."""
-        key = (run, episode)
-        found = self._calls.get(key)
-        if found is not None:
-            self._calls.move_to_end(key)
-            return found
-        task = self._loading.get(key)
-        if task is None:
-            task = asyncio.ensure_future(self._load(key))
-            self._loading[key] = task
-            task.add_done_callback(lambda _: self._loading.pop(key, None))
-        # Shielded: one caller going away must not cancel the load the others wait for.
-        return await asyncio.shield(task)
-
-    async def _load(self, key: tuple[str, str]) -> EpisodeCalls:
-        state = EpisodeCalls()
-        await self._rebuild(*key, state)
-        await self._learn_sampling(*key)
-        self._calls[key] = state
-        if len(self._calls) > self.cache_size:
-            self._calls.popitem(last=False)
-        return state
+    def closed_count(self) -> int:
+        """How many of the episodes held here are closed."""
+        return sum(1 for held in self._episodes.values() if held.closed)
 
     def sampling(self, run: str) -> Sampling:
-        """The run's sampling policy (known once one of its episodes was loaded by `calls`)."""
+        """The run's sampling policy (known once one of its scheduled episodes was seen)."""
         return self.run_sampling.get(run, {})
+
+    async def episode(self, run: str, episode: str) -> Episode:
+        """The episode, looked up on the bus on first sight; raises what the bus raised."""
+        key = (run, episode)
+        held = self._episodes.get(key)
+        if held is None:
+            held = self._hold(key)
+        else:
+            self._episodes.move_to_end(key)
+        # Shielded: one caller going away must not cancel the lookup the others wait for.
+        if await asyncio.shield(held.looked_up):
+            held.closed = True
+        return held
+
+    def _hold(self, key: Key) -> Episode:
+        """Hold the episode before its lookup runs, so a close followed meanwhile is not missed."""
+        held = Episode(asyncio.ensure_future(self._look_up(*key)))
+        self._episodes[key] = held
+        if len(self._episodes) > self.cache_size:
+            self._episodes.popitem(last=False)
+        held.looked_up.add_done_callback(lambda done: self._drop_failed(key, held, done))
+        return held
+
+    def _drop_failed(self, key: Key, held: Episode, done: asyncio.Future[bool]) -> None:
+        if (done.cancelled() or done.exception() is not None) and self._episodes.get(key) is held:
+            del self._episodes[key]  # the next call looks it up again
+
+    async def _look_up(self, run: str, episode: str) -> bool:
+        """Whether a closing event of the episode is stored (and the run's sampling, if new)."""
+        reads = [
+            self.bus.replay(subjects.EPISODES.name, subjects.episode_event(run, episode, kind))
+            for kind in _CLOSING_KINDS
+        ]
+        closing, _ = await asyncio.gather(asyncio.gather(*reads), self._learn_sampling(run, episode))
+        return any(closing)
 
     async def _learn_sampling(self, run: str, episode: str) -> None:
         """A run not seen in the events followed: its policy from this episode's schedule.
 
-        A run none of whose episodes was scheduled (keys minted outside the controller) has none;
-        that is remembered until a schedule of the run says otherwise.
+        An episode that was not scheduled (a key minted outside the controller) teaches nothing;
+        the run's next episodes are looked up again until a schedule of the run is seen.
         """
         if run in self.run_sampling:
             return
@@ -137,25 +146,3 @@ class EpisodeCache:
             event = decode_event(delivery.data)
             if isinstance(event, EpisodeScheduled):
                 self.run_sampling[run] = event.sampling
-        self.run_sampling.setdefault(run, {})
-
-    async def _rebuild(self, run: str, episode: str, state: EpisodeCalls) -> None:
-        deliveries = await self.bus.replay(subjects.SPANS.name, subjects.span(run, episode))
-        spans: list[Span] = []
-        for delivery in deliveries:
-            try:
-                spans.append(delivery.decode(Span))
-            except ContractError:
-                log.warning("episode.span_unreadable", run=run, episode=episode)
-        if not spans:
-            return
-        state.next_seq = max(span.seq for span in spans) + 1
-        last = max((s for s in spans if s.status == "ok"), key=lambda s: s.seq, default=None)
-        if last is None:
-            return
-        try:
-            prompts = reconstruct_prompts(spans)
-        except TokenDeltaError as exc:
-            log.warning("episode.delta_chain_broken", run=run, episode=episode, error=str(exc))
-            return
-        state.advance(last.span_id, span_context(prompts[last.span_id], last))

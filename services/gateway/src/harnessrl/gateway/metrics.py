@@ -47,6 +47,12 @@ class GatewayMetrics:
             "Spans that could not be published in time (their calls were answered 503).",
             registry=self.registry,
         )
+        self.seq_conflicts = Counter(
+            "harnessrl_gateway_span_seq_conflicts",
+            "Span appends that found their episode moved on (another replica stored a span first), "
+            "then numbered again.",
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "harnessrl_gateway_in_flight_requests",
             "LLM calls currently in flight.",

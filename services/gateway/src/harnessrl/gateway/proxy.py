@@ -30,7 +30,8 @@ from harnessrl.gateway.asgi import (
 from harnessrl.gateway.auth import KeyVerifier, presented_key
 from harnessrl.gateway.capture import Asked, Capture
 from harnessrl.gateway.dialects import API_BY_PATH, Api
-from harnessrl.gateway.episodes import EpisodeCalls
+from harnessrl.gateway.episode_spans import EpisodeSpans
+from harnessrl.gateway.episodes import Episode
 from harnessrl.gateway.errors import (
     ApiError,
     BadRequest,
@@ -125,26 +126,31 @@ class Proxy:
             return await self._llm_call(api, path_key, scope, receive, send)
         if path in _PASSTHROUGH:
             _require_method(method, _PASSTHROUGH[path])
-            claims = self.authenticate(scope, path_key)
+            claims, _ = await self.authenticate(scope, path_key)
             body = await read_body(scope, receive, self.settings.max_body_bytes)
             return await self.forwarder.passthrough(claims, path, method, scope, body=body, send=send)
         if path == artifacts.PATH:
             _require_method(method, "PUT")
-            claims = self.authenticate(scope, path_key)
+            claims, _ = await self.authenticate(scope, path_key)
             return await artifacts.upload(self.gateway, claims, scope, receive, send)
         raise NotFound(f"unknown route {method} {path}")
 
-    def authenticate(self, scope: Scope, path_key: str | None) -> EpisodeClaims:
+    async def authenticate(self, scope: Scope, path_key: str | None) -> tuple[EpisodeClaims, Episode]:
         """Verify the episode key (path, `x-api-key` or bearer) and that the episode is open."""
         claims = self.keys.verify(presented_key(scope, path_key))
-        if self.gateway.episodes.is_closed(claims.run, claims.episode):
+        try:
+            episode = await self.gateway.episodes.episode(claims.run, claims.episode)
+        except Exception as exc:
+            log.warning("episode.state_unavailable", run=claims.run, episode=claims.episode, error=str(exc))
+            raise Unavailable("the episode store is unavailable", retry_after=2.0) from exc
+        if episode.closed:
             raise Forbidden("episode is closed")
-        return claims
+        return claims, episode
 
     async def _llm_call(
         self, api: Api, path_key: str | None, scope: Scope, receive: Receive, send: Send
     ) -> int:
-        claims = self.authenticate(scope, path_key)
+        claims, episode = await self.authenticate(scope, path_key)
         body = _parse_body(await read_body(scope, receive, self.settings.max_body_bytes), api)
         call = CallRecord(run=claims.run, episode=claims.episode, api=api.kind, span_id=new_id("span"))
         call.params = request_params(body)
@@ -155,30 +161,24 @@ class Proxy:
             raise Unavailable("paused for a weight update", retry_after=5.0)
         self.metrics.in_flight.inc()
         try:
-            calls = await self._episode_calls(claims)
             # The run's sampling policy wins over the gateway's default, both over the client's.
             policy = {**self.settings.sampling, **self.gateway.episodes.sampling(claims.run)}
             body.update(policy)
             call.params.update(policy)  # the span records what was sampled with
             if call.stream:
                 return await relay_stream(
-                    self.forwarder, api, call, calls,
+                    self.forwarder, api, call, episode.spans,
                     body=body, asked=asked, scope=scope, receive=receive, send=send,
                 )  # fmt: skip
-            return await self._complete(api, call, calls, body=body, asked=asked, scope=scope, send=send)
+            return await self._complete(
+                api, call, episode.spans, body=body, asked=asked, scope=scope, send=send
+            )
         finally:
             gate.leave()
             self.metrics.in_flight.dec()
 
-    async def _episode_calls(self, claims: EpisodeClaims) -> EpisodeCalls:
-        try:
-            return await self.gateway.episodes.calls(claims.run, claims.episode)
-        except Exception as exc:
-            log.warning("episode.state_unavailable", run=claims.run, episode=claims.episode, error=str(exc))
-            raise Unavailable("the span store is unavailable", retry_after=2.0) from exc
-
     async def _complete(
-        self, api: Api, call: CallRecord, calls: EpisodeCalls, *,
+        self, api: Api, call: CallRecord, spans: EpisodeSpans, *,
         body: dict[str, Any], asked: Asked, scope: Scope, send: Send,
     ) -> int:  # fmt: skip
         upstream, status, raw, headers = await self.forwarder.call(api, call, body, scope)
@@ -192,9 +192,7 @@ class Proxy:
             raise self.forwarder.garbage(upstream, exc) from exc
         out = _encoder.encode(data)
         version = self.gateway.weights.version(call.run, upstream.weight_version)
-        recorder = self.gateway.recorder
-        span = recorder.build(call, calls, capture, status="ok", weight_version_end=version)
-        await recorder.publish(span, calls, capture)
+        await self.gateway.recorder.record(call, spans, capture, status="ok", weight_version_end=version)
         await respond(send, 200, out, [*JSON_HEADERS, span_header(call.span_id)])
         return 200
 

@@ -90,5 +90,6 @@ class Gateway:
             "bus_connected": self.bus.connected,
             "upstreams": [u.status() for u in self.pool.upstreams.values()],
             "weight_versions": dict(self.weights.versions),
-            "closed_episodes": len(self.episodes.closed),
+            "episodes_held": len(self.episodes),
+            "closed_episodes_held": self.episodes.closed_count(),
         }

@@ -48,7 +48,9 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     pause_wait_s: float = 30.0
     # How long a span publish may keep retrying before the call is answered 503.
     span_publish_timeout_s: float = 10.0
-    # Episodes whose parent span and call counter stay cached (others are rebuilt from the bus).
+    # Episodes one replica holds (whether closed, their newest spans' contexts), least recently used
+    # evicted: this bounds its memory; an evicted episode is looked up on the bus again when it
+    # comes back. Nothing correctness depends on lives only here (replicas share the bus).
     episode_cache_size: int = 4096
     access_log: bool = True
     # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.

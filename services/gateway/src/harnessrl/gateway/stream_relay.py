@@ -19,7 +19,7 @@ import msgspec
 from harnessrl.gateway.asgi import Receive, Scope, Send, respond, span_header, wait_disconnect
 from harnessrl.gateway.capture import Asked, Capture
 from harnessrl.gateway.dialects import Api
-from harnessrl.gateway.episodes import EpisodeCalls
+from harnessrl.gateway.episode_spans import EpisodeSpans
 from harnessrl.gateway.errors import ApiError
 from harnessrl.gateway.forwarding import Forwarder
 from harnessrl.gateway.recorder import CallRecord
@@ -37,12 +37,12 @@ class StreamRelay:
     """One streamed call: pumps upstream events to the client while capturing them."""
 
     def __init__(
-        self, forwarder: Forwarder, api: Api, call: CallRecord, calls: EpisodeCalls, asked: Asked
+        self, forwarder: Forwarder, api: Api, call: CallRecord, spans: EpisodeSpans, asked: Asked
     ) -> None:
         self.forwarder = forwarder
         self.api = api
         self.call = call
-        self.calls = calls
+        self.spans = spans
         self.asked = asked
         self.capture = Capture()
         self.relay_events = relay_for(api, asked, self.capture)
@@ -88,12 +88,9 @@ class StreamRelay:
     async def _record(self, status: SpanStatus, error: str | None = None) -> None:
         gateway = self.forwarder.gateway
         version = gateway.weights.version(self.call.run)
-        recorder = gateway.recorder
-        span = recorder.build(
-            self.call, self.calls, self.capture, status=status, weight_version_end=version,
-            error=error,
-        )  # fmt: skip
-        await recorder.publish(span, self.calls, self.capture)
+        await gateway.recorder.record(
+            self.call, self.spans, self.capture, status=status, weight_version_end=version, error=error
+        )
 
     async def record_abort(self, reason: str) -> None:
         """Publish the partial capture of a call cut short (failures only logged)."""
@@ -104,7 +101,7 @@ class StreamRelay:
 
 
 async def relay_stream(
-    forwarder: Forwarder, api: Api, call: CallRecord, calls: EpisodeCalls, *,
+    forwarder: Forwarder, api: Api, call: CallRecord, spans: EpisodeSpans, *,
     body: dict[str, Any], asked: Asked, scope: Scope, receive: Receive, send: Send,
 ) -> int:  # fmt: skip
     """Run one streamed call end to end; returns the status for metrics (499: client left)."""
@@ -117,7 +114,7 @@ async def relay_stream(
         content_type = response.headers.get("content-type", "application/json").encode()
         await respond(send, response.status, raw, [(b"content-type", content_type)])
         return response.status
-    relay = StreamRelay(forwarder, api, call, calls, asked)
+    relay = StreamRelay(forwarder, api, call, spans, asked)
     headers = [*SSE_HEADERS, span_header(call.span_id)]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     pump = asyncio.ensure_future(relay.pump(response, send))

@@ -40,6 +40,28 @@ class RevisionMismatchError(BusError):
     """`update` lost an optimistic-concurrency race."""
 
 
+class LastSequenceMismatchError(BusError):
+    """A conditional publish (`LastOnSubject`) found another message last on its subject: it lost a race.
+
+    `last_seq` is the stream sequence of the subject's last message now. `newer` holds the subject's
+    messages after the expected one, oldest first: all of them when `complete`, else only the first
+    few (`replay` reads the rest). One of them may be the message itself, stored by an attempt whose
+    ack was lost (JetStream checks the expectation before `Nats-Msg-Id` dedupe).
+    """
+
+    def __init__(self, subject: str, *, expected: int, last_seq: int, newer: list[Delivery]) -> None:
+        super().__init__(f"{subject}: expected its last message at {expected}, found {last_seq}")
+        self.subject = subject
+        self.expected = expected
+        self.last_seq = last_seq
+        self.newer = newer
+
+    @property
+    def complete(self) -> bool:
+        """Whether `newer` holds every message after the expected one."""
+        return bool(self.newer) and self.newer[-1].stream_seq == self.last_seq
+
+
 class TransientError(Exception):
     """The handler could not process the message now; redeliver it after `delay` seconds."""
 
@@ -58,6 +80,19 @@ class PubAck(msgspec.Struct, frozen=True, kw_only=True):
     stream: str
     seq: int
     duplicate: bool = False
+
+
+class LastOnSubject(msgspec.Struct, frozen=True, kw_only=True):
+    """The condition of a conditional publish: the subject's last message in `stream` is at `seq`.
+
+    `seq` is a stream sequence (a `PubAck.seq`, a `Delivery.stream_seq`); 0 means the subject holds
+    no message yet. The server checks it atomically with the write
+    (`Nats-Expected-Last-Subject-Sequence`), so of two publishes that expect the same last message
+    exactly one is stored: an append-only log per subject with no gaps and no forks.
+    """
+
+    stream: str
+    seq: int
 
 
 class Outgoing(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,12 +195,20 @@ class Bus(abc.ABC):
 
     @abc.abstractmethod
     async def publish(
-        self, subject: str, message: msgspec.Struct, *, msg_id: str, budget_s: float | None = None
+        self,
+        subject: str,
+        message: msgspec.Struct,
+        *,
+        msg_id: str,
+        budget_s: float | None = None,
+        expect: LastOnSubject | None = None,
     ) -> PubAck:
         """Publish and await the JetStream ack, retrying timeouts with the same `msg_id`.
 
         `budget_s` bounds the whole publish, retries included (default: the bus's retry budget);
-        past it, `PublishError`.
+        past it, `PublishError`. With `expect` the message is stored only if the subject's last
+        message is the expected one, else `LastSequenceMismatchError` (not retried: the caller
+        decides what to publish instead).
         """
 
     @abc.abstractmethod

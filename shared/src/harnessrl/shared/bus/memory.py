@@ -22,6 +22,8 @@ from harnessrl.shared.bus.base import (
     KeyExistsError,
     KeyValue,
     KvEntry,
+    LastOnSubject,
+    LastSequenceMismatchError,
     Outgoing,
     PubAck,
     Responder,
@@ -113,10 +115,34 @@ class MemoryBus(Bus):
         raise BusError(f"no stream captures subject {subject}")
 
     async def publish(
-        self, subject: str, message: msgspec.Struct, *, msg_id: str, budget_s: float | None = None
+        self,
+        subject: str,
+        message: msgspec.Struct,
+        *,
+        msg_id: str,
+        budget_s: float | None = None,
+        expect: LastOnSubject | None = None,
     ) -> PubAck:
-        """Append unless `msg_id` was seen; the ack says which (never waits: `budget_s` is moot)."""
+        """Append unless `msg_id` was seen; the ack says which (never waits: `budget_s` is moot).
+
+        `expect` is checked first, then `msg_id`, as JetStream does.
+        """
+        if expect is not None:
+            self._check_last(subject, expect)
         return self._append(subject, encode(message), msg_id)
+
+    def _check_last(self, subject: str, expect: LastOnSubject) -> None:
+        stream = self._stream_for(subject)
+        if stream.spec.name != expect.stream:
+            raise BusError(f"{subject} is stored in {stream.spec.name}, not {expect.stream}")
+        # Stream sequences count from 1 without gaps here: message `seq` is at index `seq - 1`.
+        newer = [m for m in stream.messages[expect.seq :] if m.subject == subject]
+        last = newer[-1].seq if newer else _last_up_to(stream, subject, expect.seq)
+        if last != expect.seq:
+            found = [
+                Delivery(subject=m.subject, data=m.data, stream_seq=m.seq, msg_id=m.msg_id) for m in newer
+            ]
+            raise LastSequenceMismatchError(subject, expected=expect.seq, last_seq=last, newer=found)
 
     def _append(self, subject: str, data: bytes, msg_id: str) -> PubAck:
         stream = self._stream_for(subject)
@@ -187,6 +213,14 @@ class MemoryBus(Bus):
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Copy a message to its dead-letter subject."""
         self._append(dead_letter(delivery.subject), delivery.data, f"dlq:{delivery.msg_id}")
+
+
+def _last_up_to(stream: _Stream, subject: str, seq: int) -> int:
+    """The stream sequence of the subject's last message at or before `seq` (0: none)."""
+    for index in range(min(seq, len(stream.messages)) - 1, -1, -1):
+        if stream.messages[index].subject == subject:
+            return stream.messages[index].seq
+    return 0
 
 
 class _MemoryResponder(Subscription):

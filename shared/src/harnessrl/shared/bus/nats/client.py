@@ -28,6 +28,8 @@ from harnessrl.shared.bus.base import (
     Delivery,
     Handler,
     KeyValue,
+    LastOnSubject,
+    LastSequenceMismatchError,
     Outgoing,
     PubAck,
     PublishError,
@@ -43,27 +45,38 @@ from harnessrl.shared.bus.nats.consumers import (
 )
 from harnessrl.shared.bus.nats.kv import NatsKeyValue
 from harnessrl.shared.bus.nats.retry import RETRYABLE, retrying
-from harnessrl.shared.bus.nats.streams import check_drift, stream_config
+from harnessrl.shared.bus.nats.streams import check_drift, deployment_replicas, scaled_up, stream_config
 from harnessrl.shared.contracts import encode
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.net import nats_servers
 from harnessrl.shared.subjects import ALL_STREAMS, BucketSpec, StreamSpec, dead_letter
 
 log = get_logger(__name__)
+# JetStream's error code for a stream created by someone else between our lookup and our create.
+_STREAM_NAME_IN_USE = 10058
 
 
 class NatsBus(Bus):
-    """JetStream-backed bus; one instance per process, shared by all its handlers."""
+    """JetStream-backed bus; one instance per process, shared by all its handlers.
+
+    `url` names every server of the deployment (a comma-separated string or a list): the client
+    connects to one of them and, when it dies, reconnects to another. `replicas` is how many servers
+    hold each stream and bucket it creates (default `HRL_NATS_REPLICAS`, else 1).
+    """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         name: str = "harnessrl",
         publish_timeout_s: float = 5.0,
         publish_retry_s: float = 30.0,
         connect_timeout_s: float = 15.0,
+        replicas: int | None = None,
     ) -> None:
-        self.url = url
+        self.servers = nats_servers(url)
+        self.url = ",".join(self.servers)
+        self.replicas = deployment_replicas() if replicas is None else replicas
         self.connect_timeout_s = connect_timeout_s
         self.name = name
         self.publish_timeout_s = publish_timeout_s
@@ -101,7 +114,7 @@ class NatsBus(Bus):
 
     async def _connect(self) -> Client:
         return await nats.connect(
-            self.url,
+            servers=self.servers,
             name=self.name,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.25,
@@ -116,10 +129,13 @@ class NatsBus(Bus):
         log.warning("nats.error", error=str(exc))
 
     async def _on_disconnect(self) -> None:
+        if self._nc is not None and self._nc.is_closed:
+            return  # our own close, not a lost server
         log.warning("nats.disconnected", url=self.url)
 
     async def _on_reconnect(self) -> None:
-        log.info("nats.reconnected", url=self.url)
+        server = self._nc.connected_url if self._nc is not None else None
+        log.info("nats.reconnected", server=server.netloc if server else "")
 
     async def close(self) -> None:
         """Stop subscriptions, flush and close."""
@@ -138,29 +154,110 @@ class NatsBus(Bus):
     # --- streams ---------------------------------------------------------------------------------
 
     async def ensure_streams(self, specs: Sequence[StreamSpec] = ALL_STREAMS) -> None:
-        """Create missing streams; an existing stream that differs raises `StreamDriftError`."""
+        """Create missing streams at `replicas`; an existing stream that differs raises `StreamDriftError`.
+
+        Replicas are a floor, not drift: a stream with fewer is scaled up, one with more is kept.
+        A stream another process created a moment earlier counts as existing.
+        """
         for spec in specs:
             try:
                 info = await self.js.stream_info(spec.name)
             except nats.js.errors.NotFoundError:
-                await self.js.add_stream(stream_config(spec))
-                continue
+                if await self._add_stream(spec):
+                    continue
+                info = await self.js.stream_info(spec.name)
             check_drift(spec, info.config)
+            await self._scale_up(info.config)
+
+    async def _add_stream(self, spec: StreamSpec) -> bool:
+        """Create a stream; False when another process created it first."""
+        try:
+            await self.js.add_stream(stream_config(spec, self.replicas))
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == _STREAM_NAME_IN_USE:
+                return False
+            raise self._replication_error(f"create stream {spec.name}", exc) from exc
+        return True
+
+    async def _scale_up(self, have: api.StreamConfig) -> None:
+        """Raise a stream (or a bucket's stream) to `replicas` if it has fewer."""
+        raised = scaled_up(have, self.replicas)
+        if raised is None:
+            return
+        try:
+            await self.js.update_stream(raised)
+        except nats.js.errors.APIError as exc:
+            raise self._replication_error(f"scale stream {have.name} up", exc) from exc
+        log.info("stream.scaled_up", stream=have.name, replicas=self.replicas, had=have.num_replicas or 1)
+
+    def _replication_error(self, what: str, exc: nats.js.errors.APIError) -> BusError:
+        """The server's refusal, and what a replicated deployment needs when that is the likely cause."""
+        hint = f"; {self.replicas} replicas need a cluster of {self.replicas} or more servers"
+        return BusError(f"cannot {what}: {exc.description}{hint if self.replicas > 1 else ''}")
 
     # --- publishing ------------------------------------------------------------------------------
 
     async def publish(
-        self, subject: str, message: msgspec.Struct, *, msg_id: str, budget_s: float | None = None
+        self,
+        subject: str,
+        message: msgspec.Struct,
+        *,
+        msg_id: str,
+        budget_s: float | None = None,
+        expect: LastOnSubject | None = None,
     ) -> PubAck:
-        """Publish and await the ack; retry timeouts with the same msg id until the budget ends."""
-        return await self._publish_raw(subject, encode(message), msg_id, budget_s)
+        """Publish and await the ack; retry timeouts with the same msg id until the budget ends.
+
+        A conditional publish that lost its race reads what beat it (see `_lost_race`).
+        """
+        if expect is None:
+            return await self._publish_raw(subject, encode(message), msg_id, budget_s)
+        condition = {
+            api.Header.EXPECTED_STREAM.value: expect.stream,
+            api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(expect.seq),
+        }
+        try:
+            return await self._publish_raw(subject, encode(message), msg_id, budget_s, condition)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != _WRONG_LAST_SEQUENCE:
+                raise
+            raise await self._lost_race(subject, expect, exc.description or "") from exc
+
+    async def _lost_race(
+        self, subject: str, expect: LastOnSubject, refusal: str
+    ) -> LastSequenceMismatchError:
+        """The error for a conditional publish that lost: up to `_NEWER_READ` messages that beat it.
+
+        The refusal names the subject's last sequence ("wrong last sequence: 42"); the messages in
+        between are read one request each, which is cheap for the few a race leaves.
+        """
+        last = refusal.rsplit(":", 1)[-1].strip()
+        last_seq = int(last) if last.isdigit() else 0
+        newer: list[Delivery] = []
+        after = expect.seq
+        while after < last_seq and len(newer) < _NEWER_READ:
+            try:
+                msg = await self.js.get_msg(expect.stream, seq=after + 1, subject=subject, next=True)
+            except (nats.errors.Error, TimeoutError):
+                break  # what was read is still right: `complete` tells the caller to read the rest
+            after = int(msg.seq or last_seq)
+            msg_id = (msg.headers or {}).get(MSG_ID)
+            newer.append(Delivery(subject=subject, data=msg.data or b"", stream_seq=after, msg_id=msg_id))
+        return LastSequenceMismatchError(subject, expected=expect.seq, last_seq=last_seq, newer=newer)
 
     async def _publish_raw(
-        self, subject: str, payload: bytes, msg_id: str, budget_s: float | None = None
+        self,
+        subject: str,
+        payload: bytes,
+        msg_id: str,
+        budget_s: float | None = None,
+        condition: dict[str, str] | None = None,
     ) -> PubAck:
+        headers = {MSG_ID: msg_id, **(condition or {})}
+
         async def attempt(left_s: float) -> PubAck:
             timeout = max(min(self.publish_timeout_s, left_s), 0.01)
-            ack = await self.js.publish(subject, payload, timeout=timeout, headers={MSG_ID: msg_id})
+            ack = await self.js.publish(subject, payload, timeout=timeout, headers=headers)
             return PubAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
 
         return await retrying(
@@ -248,14 +345,18 @@ class NatsBus(Bus):
         try:
             bucket = await self.js.key_value(spec.name)
         except nats.js.errors.BucketNotFoundError:
-            bucket = await self.js.create_key_value(bucket=spec.name, history=spec.history)
+            bucket = await self.js.create_key_value(
+                bucket=spec.name, history=spec.history, replicas=self.replicas
+            )
+        else:
+            await self._scale_up((await self.js.stream_info(f"KV_{spec.name}")).config)
         return NatsKeyValue(bucket, self.publish_retry_s, js=self.js, name=spec.name)
 
     async def _object_store(self, bucket: str) -> Any:
         try:
             return await self.js.object_store(bucket)
         except nats.js.errors.BucketNotFoundError:
-            return await self.js.create_object_store(bucket)
+            return await self.js.create_object_store(bucket, api.ObjectStoreConfig(replicas=self.replicas))
 
     async def put_object(self, bucket: str, name: str, data: bytes) -> None:
         """Store a blob (chunked by the object store)."""
@@ -291,6 +392,12 @@ class NatsBus(Bus):
         served = CoreSubscription(sub)
         self._subscriptions.append(served)
         return served
+
+
+# JetStream's error code for a failed `Nats-Expected-Last-Subject-Sequence` (or -Sequence) check.
+_WRONG_LAST_SEQUENCE = 10071
+# At most this many messages that beat a conditional publish are read into its error.
+_NEWER_READ = 16
 
 
 def _has_wildcard(subject: str) -> bool:
