@@ -21,7 +21,7 @@ from harnessrl.shared.contracts import (
     WeightVersion,
 )
 from harnessrl.stack.follow import RunFollower, RunProgress, render
-from harnessrl.stack.health import untrained_warnings
+from harnessrl.stack.health import untrained_tokens, untrained_warnings
 
 MISSING = "python: can't open file 'h.py': [Errno 2] No such file\n\nexit 2\nrunner.logged a line\n"
 
@@ -124,6 +124,25 @@ def test_a_stopped_run_is_a_problem_with_its_cause_and_reason() -> None:
     assert {key: stopped[key] for key in ("cause", "reason", "episodes", "logs", "detail")} == {
         "cause": "agent", "reason": "harness exited 2", "episodes": 8, "logs": "/l", "detail": "cannot start",
     }  # fmt: skip
+
+
+def test_the_view_shows_what_the_last_steps_left_untrained_by_reason() -> None:
+    progress = RunProgress(run="r", max_steps=9)
+    counts = {"tokens/sampled": 1000.0, "tokens/trainable": 1000.0, "tokens/dead_end": 0.0}
+    progress.observe_step(StepMetrics(run="r", step=1, version=1, values=counts))
+    assert untrained_tokens(progress.steps) is None and "untrained tokens" not in shown(progress)
+    for number, (dead_end, unmodeled) in enumerate(((30.0, 0.0), (0.0, 0.0), (10.0, 50.0)), start=2):
+        values = {**counts, "tokens/dead_end": dead_end, "tokens/unmodeled_sampling": unmodeled}
+        progress.observe_step(StepMetrics(run="r", step=number, version=number, values=values))
+    note = untrained_tokens(progress.steps)
+    assert note is not None and note.counts == {"dead_end": 40, "unmodeled_sampling": 50}
+    assert (
+        "untrained tokens steps 1-4: 90 of 4,000 sampled (2.2%): unmodeled_sampling 50, dead_end 40"
+        in shown(progress)
+    )
+    assert untrained_tokens(progress.steps, window=1) == msgspec.structs.replace(
+        note, first_step=4, sampled=1000, counts={"unmodeled_sampling": 50, "dead_end": 10}
+    )
 
 
 async def test_the_follower_reads_failures_steps_and_the_stop_from_the_bus(bus: NatsBus) -> None:

@@ -1,4 +1,6 @@
 import json
+import shutil
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +125,52 @@ def test_a_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
     assert server.process is not None
     server.stop()
     assert server.process is None
+
+
+def test_the_command_asks_for_processed_logprobs_and_vllms_sampling_defaults(
+    tmp_path: Path,
+) -> None:
+    command = VllmServer(tmp_path, port=1).command()
+    flags = dict(pairwise(command))
+    assert flags["--logprobs-mode"] == "processed_logprobs"
+    assert flags["--generation-config"] == "vllm"
+
+
+@pytest.fixture(scope="module")
+def opinionated_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a generation_config.json that asks for peaked, truncated sampling."""
+    model = tmp_path_factory.mktemp("opinionated") / "model"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    config |= {"temperature": 0.05, "top_p": 0.5, "top_k": 3, "do_sample": True}
+    (model / "generation_config.json").write_text(json.dumps(config))
+    return model
+
+
+async def _sampled_and_scored(server: VllmServer, prompt: list[int], **sampling: float) -> list[float]:
+    """Each sampled token's reported logprob minus its logprob at temperature 1 (prompt scoring)."""
+    body = {"model": server.model, "prompt": prompt, "max_tokens": 16, "ignore_eos": True, "seed": 3}
+    sampled = await _post(
+        server, "/v1/completions", body | sampling | {"logprobs": 0, "return_token_ids": True}
+    )
+    choice = sampled["choices"][0]
+    tokens = choice["token_ids"]
+    assert len(tokens) == 16
+    whole = [*prompt, *tokens]
+    scoring = {"model": server.model, "prompt": whole, "max_tokens": 1, "prompt_logprobs": 0}
+    scored = (await _post(server, "/v1/completions", scoring))["choices"][0]["prompt_logprobs"]
+    raw = [scored[len(prompt) + i][str(t)]["logprob"] for i, t in enumerate(tokens)]
+    return [a - b for a, b in zip(choice["logprobs"]["token_logprobs"], raw, strict=True)]
+
+
+async def test_omitted_sampling_parameters_mean_temperature_1_and_top_p_1(
+    opinionated_model: Path, tmp_path: Path
+) -> None:
+    prompt = [1, 269, 201, 305, 291, 223, 19, 20]
+    with VllmServer(opinionated_model, log_file=tmp_path / "vllm.log") as server:
+        omitted = await _sampled_and_scored(server, prompt)
+        cooled = await _sampled_and_scored(server, prompt, temperature=0.5)
+    # Nothing given: sampled as at temperature 1 with no truncation, whatever the model's file says.
+    assert max(abs(d) for d in omitted) < 1e-5
+    # Temperature given: the reported logprobs are those it sampled from (processed), not raw ones.
+    assert max(abs(d) for d in cooled) > 1e-2

@@ -98,3 +98,27 @@ def test_rbac_and_episode_network_policy(tmp_path: Path) -> None:
 def test_external_nats_needs_a_url() -> None:
     done = helm("template", "hrl", str(CHART), "--set", "nats.deploy=false")
     assert done.returncode != 0 and "nats.url is required when nats.deploy=false" in done.stderr
+
+
+def trainer_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = find(docs, "Deployment", "-trainer")["spec"]["template"]["spec"]
+    container: dict[str, Any] = pod["containers"][0]
+    return container
+
+
+def test_a_trainer_on_several_ranks_runs_under_torchrun_and_is_otherwise_the_same(tmp_path: Path) -> None:
+    single = trainer_container(render(tmp_path))
+    assert single["command"] == ["python", "-m", "harnessrl.trainer"]
+    several = trainer_container(render(tmp_path, "--set", "trainer.ranks=2", "--set", "nats.replicas=3"))
+    assert several.pop("command") == [
+        "python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "harnessrl.trainer",
+    ]  # fmt: skip
+    same_nats = trainer_container(render(tmp_path, "--set", "nats.replicas=3"))
+    same_nats.pop("command")
+    assert several == same_nats  # env, resources, security context and mounts untouched
+
+
+def test_trainer_ranks_below_one_are_refused() -> None:
+    done = helm("template", "hrl", str(CHART), "--set", "trainer.ranks=0")
+    assert done.returncode != 0 and "trainer.ranks must be 1 or more, not 0" in done.stderr

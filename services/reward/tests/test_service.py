@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from harnessrl.reward import service as reward_service
+from harnessrl.reward.graders.base import Grade
 from harnessrl.reward.service import RewardService
 from harnessrl.reward.settings import RewardSettings
 from harnessrl.shared import subjects
@@ -134,6 +136,22 @@ async def test_unknown_grader_and_missing_artifact_fail_with_a_cause(
     found = {e.episode.removeprefix(f"{run_id}-"): e for e in await results(bus, run_id, 2)}
     assert isinstance(found["ep-1"], EpisodeFailed) and found["ep-1"].cause == "reward-error"
     assert isinstance(found["ep-2"], EpisodeFailed) and found["ep-2"].cause == "infra"
+
+
+class _NanGrader:
+    async def grade(self, task: TaskSpec, artifact: bytes) -> Grade:
+        return Grade(reward=float("nan"), resolved=False)
+
+
+async def test_a_non_finite_reward_is_refused_and_counted(
+    bus: Bus, service: RewardService, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reward_service, "build_grader", lambda name, context: _NanGrader())
+    await send(bus, exited(run_id, "ep-1", NUMERIC, inline(b"ANSWER 408")))
+    [failed] = await results(bus, run_id, 1)
+    assert isinstance(failed, EpisodeFailed) and failed.cause == "reward-error"
+    assert "non-finite reward (nan)" in failed.reason
+    assert service.refused == {"non_finite_reward": 1}
 
 
 async def test_workers_share_the_durable_as_a_queue_group(

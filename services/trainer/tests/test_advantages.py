@@ -14,6 +14,7 @@ from harnessrl.trainer.advantages import (
     AssembledRollout,
     rollout_advantages,
     score_groups,
+    split_stale,
     token_weights,
 )
 from harnessrl.trainer.batch import RowBatch, to_tensordict
@@ -157,3 +158,41 @@ def test_single_row_rollouts_equal_verls_seq_mean_token_mean():
         loss_mat[index, :n] = -adv * ratio * tis
     theirs = core_algos.agg_loss(loss_mat, mask, "seq-mean-token-mean")
     assert ours == pytest.approx(float(theirs), abs=1e-6)
+
+
+def test_advantages_after_an_infra_member_leaves_have_the_analytic_values():
+    # Group of 4: rewards 1, 0, 0 and an infra failure (retried elsewhere, not the policy's doing).
+    members = [rollout("a", "g", 1.0), rollout("b", "g", 0.0), rollout("c", "g", 0.0)]
+    members.append(rollout("d", "g", 0.0, failure="infra"))
+    outcome = score_groups(members, AdvantageSettings(estimator="grpo"))
+    got = {item.assembled.rollout_id: item.advantage for item in outcome.scored}
+    std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)  # unbiased, over the 3 that stayed
+    assert got["a"] == pytest.approx((2 / 3) / (std + 1e-6), abs=1e-6)
+    assert got["b"] == got["c"] == pytest.approx((-1 / 3) / (std + 1e-6), abs=1e-6)
+    assert "d" not in got and outcome.dropped == {"failure_infra": 1}
+    rloo = score_groups(members, AdvantageSettings(estimator="rloo"))
+    assert {i.assembled.rollout_id: i.advantage for i in rloo.scored} == pytest.approx(
+        {"a": 1.0, "b": -0.5, "c": -0.5}
+    )
+
+
+def test_a_non_finite_reward_leaves_its_group_counted():
+    members = [rollout("a", "g", 1.0), rollout("b", "g", 0.0), rollout("c", "g", float("nan"))]
+    outcome = score_groups(members, AdvantageSettings())
+    assert sorted(item.assembled.rollout_id for item in outcome.scored) == ["a", "b"]
+    assert outcome.dropped == {"nonfinite_reward": 1}
+    assert all(math.isfinite(item.advantage) for item in outcome.scored)
+
+
+def test_staleness_is_decided_per_group():
+    def aged(episode, group, version, failure=None):
+        item = rollout(episode, group, 0.0, failure=failure)
+        item.min_version = version
+        return item
+
+    fast, slow = aged("f1", "g1", 3), aged("s1", "g1", 1)  # slow: 2 versions behind at version 3
+    other = [aged("o1", "g2", 3), aged("o2", "g2", 2)]
+    infra_old = aged("i1", "g2", 0, failure="infra")  # leaves its group anyway: doesn't make it stale
+    current, stale = split_stale([fast, slow, *other, infra_old], version=3, lag=1)
+    assert {item.rollout_id for item in stale} == {"f1", "s1"}  # the fast member goes with its group
+    assert {item.rollout_id for item in current} == {"o1", "o2", "i1"}

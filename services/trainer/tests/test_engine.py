@@ -4,6 +4,7 @@ import random
 import statistics
 
 import pytest
+import torch
 import verl
 from verl.plugin.platform import get_platform
 
@@ -93,3 +94,15 @@ def test_kl_to_the_reference_policy_starts_at_zero_and_grows(tiny_model):
     second = engine.train(batch, step=1)
     assert first["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
     assert second["actor/kl_loss"] > 1e-4
+
+
+def test_full_params_are_the_exported_weights_and_one_rank_has_no_followers(policy_engine, tmp_path):
+    from safetensors.torch import load_file
+
+    exported = load_file(str(policy_engine.export_hf(tmp_path / "hf") / "model.safetensors"))
+    params = dict(policy_engine.full_params(lambda _name, tensor: tensor.detach().to("cpu")))
+    assert set(exported) <= set(params)  # the export leaves out lm_head (tied to the embeddings)
+    assert all(torch.equal(exported[name], params[name]) for name in exported)
+    assert (policy_engine.ranks.rank, policy_engine.ranks.size) == (0, 1)
+    policy_engine.stop_followers()  # nothing to stop: the engine keeps working
+    assert len(policy_engine.row_logprobs([make_row("p", [11, 12], [13, 14], [0.0, 0.0])])[0]) == 2

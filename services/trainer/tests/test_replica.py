@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harnessrl.stack.vllm import VllmServer
+from harnessrl.trainer.errors import ReplicaError
 from harnessrl.trainer.replica import VllmReplica
 
 TOLERANCE = 2e-3
@@ -89,11 +90,12 @@ async def test_reloaded_replica_equals_a_fresh_one(
     assert (served - torch.tensor([*started.prompt, *started.completion])).abs().max() < 1e-5
 
 
-async def test_load_version_switches_weights_and_label_and_resumes(
+async def test_reload_frozen_switches_weights_resumes_and_leaves_the_label(
     replica: VllmReplica, perturbed_model: Path, probe_ids: list[int]
 ) -> None:
-    await replica.load_version(perturbed_model, 3)
-    assert await replica.weight_info() == "3"
+    await replica.set_weight_version("old")
+    await replica.reload_frozen(perturbed_model)
+    assert await replica.weight_info() == "old"  # labelling is the syncer's, after its probe
     assert not await replica.is_paused()
     served = await replica.probe_logprobs(probe_ids)
     expected = reference_logprobs(perturbed_model, probe_ids)
@@ -120,3 +122,19 @@ async def test_pause_keep_holds_requests_until_resume(replica: VllmReplica, vllm
         assert response.status == 200
         assert (await response.json())["usage"]["completion_tokens"] > 0
     assert not await replica.is_paused()
+
+
+async def test_a_replica_resumes_after_a_failed_admin_call(
+    replica: VllmReplica, probe_ids: list[int]
+) -> None:
+    """vLLM drops the connection after a 500; the next call (here the resume) must still go through.
+
+    (A failed *reload* can't be shown on the shared server: vLLM 0.31 leaves the model's weights
+    on the meta device and its next forward kills the engine; the syncer withdraws such a replica.)
+    """
+    await replica.pause("keep")
+    with pytest.raises(ReplicaError, match="500"):
+        await replica._call("POST", "/collective_rpc", json={"method": "no_such_worker_method"})
+    await replica.resume()
+    assert not await replica.is_paused()
+    assert len((await replica.probe_logprobs(probe_ids)).prompt) == len(probe_ids) - 1

@@ -159,3 +159,30 @@ async def test_the_process_loop_ends_at_max_steps(
     await asyncio.wait_for(running, 120)
     assert service.trainer.state.step == 1
     assert await versions_of(bus, service.settings.run) == [1]
+
+
+async def test_a_rollout_that_cant_be_decoded_is_dead_lettered_and_its_group_trains(
+    bus: Bus, policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+):
+    service = trainer_service(
+        bus, policy_engine, tiny_model, tmp_path, batch_groups=1, decode_attempts=3,
+        pool=PoolSettings(span_wait_s=30.0, group_wait_s=600.0),
+    )  # fmt: skip
+    run = service.settings.run
+    group = record_group(run, "g1", random.Random(4), size=4)
+    broken_recorder, broken = group[1]
+    last = broken_recorder.spans[-1]
+    broken_recorder.spans[-1] = msgspec.structs.replace(last, prompt_len=last.prompt_len + 3)
+    await service.start()
+    try:
+        await publish_group(bus, group)
+        await wait_for(lambda: _has_versions(bus, run, 1))
+    finally:
+        await service.stop()
+    metrics = service.last_metrics
+    assert metrics is not None and metrics.dropped == {"undecodable": 1}
+    assert metrics.values["rollouts/trained"] == 3
+    assert broken.episode in service.trainer.settled
+    dead = await bus.js.get_last_msg(subjects.DLQ.name, subjects.dead_letter(subjects.rollout(run)))
+    reason = dead.headers["Hrl-Dlq-Reason"]
+    assert broken.episode in reason and "TokenDeltaError" in reason and "after 3 tries" in reason

@@ -1,7 +1,10 @@
 """`Trainer.step` without a bus: settled rollouts stay bounded, and a restart still never retrains."""
 
+import math
 import random
 from pathlib import Path
+
+import torch
 
 from harnessrl.benchmarks.trainer import demo_batch
 from harnessrl.trainer.checkpoint import STATE_FILE
@@ -41,3 +44,46 @@ def test_settled_ids_stay_bounded_and_old_redeliveries_are_dropped_as_stale(
     assert restarted.settled >= {item.rollout_id for item in batches[4]}
     assert not restarted.step(batches[4]).trained
     assert restarted.version == 5
+
+
+def _weights(engine: PolicyEngine) -> list[torch.Tensor]:
+    return [param.detach().clone() for param in engine.worker.engine.module.parameters()]
+
+
+def test_a_non_finite_gradient_is_counted_and_is_not_a_new_version(
+    policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+) -> None:
+    settings = TrainerSettings(run="nan", model_dir=str(tiny_model), checkpoint_dir=str(tmp_path))
+    trainer = Trainer(settings, engine=policy_engine)
+    batch = demo_batch("nan", random.Random(5), groups=1, size=4, version=0)
+    batch[0].rows[0].logprobs[0] = float("nan")  # a NaN behaviour logprob reaches the engine
+    before = _weights(policy_engine)
+    result = trainer.step(batch)
+    assert not result.trained and result.checkpoint is not None  # a step, carrying version 0
+    assert trainer.version == 0 and trainer.state.carries_previous
+    assert result.metrics.dropped == {"nonfinite_gradient": 4}
+    assert result.metrics.values["step/nonfinite_gradient"] == 1.0
+    assert all(math.isfinite(value) for value in result.metrics.values.values())
+    assert all(torch.equal(a, b) for a, b in zip(before, _weights(policy_engine), strict=True))
+    assert trainer.settled >= {item.rollout_id for item in batch}  # not retried forever
+    # The next ordinary batch trains as usual.
+    assert trainer.step(demo_batch("nan", random.Random(6), groups=1, size=4, version=0)).trained
+
+
+def test_a_group_with_one_stale_member_is_dropped_whole(
+    policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+) -> None:
+    settings = TrainerSettings(
+        run="stale", model_dir=str(tiny_model), checkpoint_dir=str(tmp_path), mode="async", staleness=1
+    )
+    trainer = Trainer(settings, engine=policy_engine)
+    rng = random.Random(7)
+    for _ in range(2):
+        assert trainer.step(demo_batch("stale", rng, groups=1, size=4, version=trainer.version)).trained
+    mixed = demo_batch("stale", rng, groups=2, size=4, version=trainer.version)
+    mixed[0].min_version = 0  # one slow member of the first group, 2 versions behind
+    result = trainer.step(mixed)
+    assert result.trained
+    assert result.metrics.dropped == {"stale": 4}
+    assert result.metrics.values["groups/stale"] == 1.0
+    assert result.metrics.values["rollouts/trained"] == 4.0  # the other group only

@@ -49,6 +49,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     Supervises them until Ctrl-C.
     """
     spec = None
+    if args.trainer_ranks > 1 and not args.trainer:
+        console.print("[red]error:[/] --trainer-ranks needs --trainer (the run whose trainer it sizes)")
+        return 2
     if args.trainer:
         try:
             spec = load_run_spec(args.trainer)
@@ -58,7 +61,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not args.model:
             console.print("[red]error:[/] --trainer needs --model (the policy it trains and vLLM serves)")
             return 2
-    stack = LocalStack(home_dir(args.home), StackPorts(nats=args.nats_port, gateway=args.gateway_port))
+    ports = StackPorts(nats=args.nats_port, gateway=args.gateway_port)
+    stack = LocalStack(home_dir(args.home), ports, nats_nodes=args.nats_cluster)
     try:
         stack.start_nats()
         if args.model:
@@ -67,7 +71,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.start_reward(Path(spec.tasks).parent if spec else None)
         stack.start_controller()
         if spec is not None:
-            stack.start_trainer(spec, Path(args.model))
+            stack.start_trainer(spec, Path(args.model), ranks=args.trainer_ranks)
         wait_serving(stack.nats_url, spec.run if spec else None, stack.check)
         trains = f", trainer for run {spec.run}" if spec else ""
         console.print(
@@ -191,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run NATS and every service locally (Ctrl-C stops)")
     up.add_argument("--home", default=None, help="state folder (default .harnessrl)")
     up.add_argument("--nats-port", type=int, default=0)
+    up.add_argument(
+        "--nats-cluster",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="run NATS as a JetStream cluster of N servers on loopback (ports from --nats-port on), "
+        "streams and buckets replicated on up to 3 of them",
+    )
     up.add_argument("--gateway-port", type=int, default=0)
     up.add_argument("--model", default=None, help="also serve this model folder with vLLM on the CPU")
     up.add_argument(
@@ -199,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="also run the trainer for this run spec's run on --model (then submit it with "
         "`harnessrl train SPEC --nats-url ...`)",
+    )
+    up.add_argument(
+        "--trainer-ranks",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="with --trainer: train data-parallel on N processes (torchrun; rank 0 runs the service)",
     )
     up.set_defaults(func=cmd_up)
     status = sub.add_parser("status", help="what `harnessrl up` runs where")

@@ -3,7 +3,8 @@
 Everything here is read from the bus (EPISODES, RUNS, METRICS, WEIGHTS), so it works the same for a
 local run and for one submitted to a cluster with `--nats-url`. Besides progress it keeps what says
 a run is not working: failed episodes by cause and the last error, the controller's `RunStopped`,
-and warnings about steps that trained nothing, with their reasons (the judging is in `health`).
+warnings about steps that trained nothing, with their reasons, and how many sampled tokens the
+last steps left untrained, by reason (the judging is in `health`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from harnessrl.stack.health import (
     detail_lines,
     step_reasons,
     stop_text,
+    untrained_tokens,
     untrained_warnings,
 )
 
@@ -228,12 +230,15 @@ def render(progress: RunProgress) -> Table:
 
 
 def trouble_rows(progress: RunProgress) -> list[tuple[str, str]]:
-    """The view's rows about what goes wrong: failures by cause, the last error, warnings, a stop."""
+    """The view's rows about what goes wrong: failures, the last error, untrained tokens, warnings, a stop."""
     rows = [("failures by cause", escape(counts_text(progress.failures)) if progress.failures else "-")]
     last = progress.last_failure
     if last is not None:
         lines = [f"{last.cause}: {last.reason}", *detail_lines(last.detail)]
         rows.append(("last error", escape("\n".join(lines))))
+    untrained = untrained_tokens(progress.steps)
+    if untrained is not None:
+        rows.append(("untrained tokens", escape(untrained.message())))
     rows += [("[yellow]warning[/]", escape(warning.message())) for warning in progress.warnings[-1:]]
     if progress.stopped is not None:
         rows.append(("[red]stopped[/]", escape(stop_text(progress.stopped))))

@@ -1,4 +1,4 @@
-"""What says a run is not working, from its events: failures, a stop, steps that trained nothing.
+"""What says a run is not working, from its events: failures, a stop, untrained steps and tokens.
 
 Pure functions and Structs over decoded contracts, so the follower, the view and the summary share
 one wording and tests need no bus.
@@ -17,6 +17,17 @@ from harnessrl.shared.contracts import RunStopped, StepMetrics
 UNTRAINED_WARN_AFTER = 3
 # Step values that count skipped groups, the reasons of a step that reported no `dropped`.
 GROUP_SKIP_VALUES = ("groups/zero_variance", "groups/too_small")
+# Step values (the trainer's sample-building counts) of sampled tokens that trained in no row, by reason.
+UNTRAINED_TOKEN_VALUES = (
+    "tokens/truncated",
+    "tokens/prompt_too_long",
+    "tokens/missing_logprob",
+    "tokens/dead_end",
+    "tokens/unmodeled_sampling",
+    "tokens/skipped",
+)
+# The latest steps whose untrained tokens the view sums.
+UNTRAINED_TOKENS_WINDOW = 5
 
 
 class FailureNote(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +52,26 @@ class UntrainedWarning(msgspec.Struct, frozen=True, kw_only=True):
         steps = self.last_step - self.first_step + 1
         which = f"steps {self.first_step}-{self.last_step} ({steps} in a row)"
         return f"{which} trained nothing: {counts_text(self.counts)}"
+
+
+class UntrainedTokens(msgspec.Struct, frozen=True, kw_only=True):
+    """Sampled tokens that steps `first_step`-`last_step` left untrained, by reason."""
+
+    first_step: int
+    last_step: int
+    sampled: int
+    counts: dict[str, int]
+
+    def message(self) -> str:
+        """One line: how many of the sampled tokens, and why."""
+        untrained = sum(self.counts.values())
+        share = f" ({untrained / self.sampled:.1%})" if self.sampled else ""
+        steps = (
+            f"step {self.last_step}"
+            if self.first_step == self.last_step
+            else f"steps {self.first_step}-{self.last_step}"
+        )
+        return f"{steps}: {untrained:,} of {self.sampled:,} sampled{share}: {counts_text(self.counts)}"
 
 
 def counts_text(counts: Mapping[str, int]) -> str:
@@ -82,6 +113,26 @@ def untrained_warnings(
         for streak in streaks
         if len(streak) >= after
     ]
+
+
+def untrained_tokens(
+    steps: Sequence[StepMetrics], window: int = UNTRAINED_TOKENS_WINDOW
+) -> UntrainedTokens | None:
+    """What the last `window` steps left untrained (reasons without the `tokens/`); None if nothing."""
+    recent = steps[-window:]
+    counts: Counter[str] = Counter()
+    for metrics in recent:
+        for name in UNTRAINED_TOKEN_VALUES:
+            counts[name.removeprefix("tokens/")] += int(metrics.values.get(name, 0.0))
+    counts = +counts
+    if not counts:
+        return None
+    return UntrainedTokens(
+        first_step=recent[0].step,
+        last_step=recent[-1].step,
+        sampled=int(sum(metrics.values.get("tokens/sampled", 0.0) for metrics in recent)),
+        counts=dict(counts),
+    )
 
 
 def detail_lines(detail: str, count: int = 2) -> list[str]:

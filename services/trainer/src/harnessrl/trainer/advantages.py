@@ -2,7 +2,8 @@
 
 A group is the N attempts of one task. Membership rule: a rollout whose failure is not the
 policy's doing (`infra`, `reward-error` by default) or that became no trainable row leaves its
-group; the group trains when at least `min_group_size` (2) valid members remain, and is skipped
+group (as does one with a NaN or infinite reward, which the reward service already refuses);
+the group trains when at least `min_group_size` (2) valid members remain, and is skipped
 (counted) otherwise or when every valid member got the same reward (zero variance: no signal).
 
 Advantages are computed once per rollout by verl's own estimators (`core_algos`, GRPO with or
@@ -17,6 +18,7 @@ are one row each this equals verl's `seq-mean-token-mean` aggregation.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
@@ -36,6 +38,8 @@ class AssembledRollout(msgspec.Struct, kw_only=True):
     rollout: RolloutComplete
     rows: list[TrainingRow]
     min_version: int = 0
+    # Why the rollout can't train at all though it is a member (e.g. "undecodable" spans).
+    unusable: str | None = None
 
     @property
     def rollout_id(self) -> str:
@@ -66,11 +70,34 @@ class GroupOutcome(msgspec.Struct, kw_only=True):
     groups_too_small: int = 0
 
 
+def split_stale(
+    rollouts: Sequence[AssembledRollout], *, version: int, lag: int
+) -> tuple[list[AssembledRollout], list[AssembledRollout]]:
+    """(current, stale), decided per group: one member beyond `lag` versions makes the whole group stale.
+
+    Members that leave their group anyway (infra failures, retried as new attempts) don't count.
+    """
+    groups: dict[str, list[AssembledRollout]] = defaultdict(list)
+    for item in rollouts:
+        groups[item.rollout.group].append(item)
+    current: list[AssembledRollout] = []
+    stale: list[AssembledRollout] = []
+    for members in groups.values():
+        counted = [m for m in members if m.rollout.failure != "infra"] or members
+        old = any(version - member.min_version > lag for member in counted)
+        (stale if old else current).extend(members)
+    return current, stale
+
+
 def _valid(item: AssembledRollout, settings: AdvantageSettings) -> str | None:
     """Why `item` leaves its group, or None when it is a valid member."""
+    if item.unusable is not None:
+        return item.unusable
     failure = item.rollout.failure
     if failure is not None and failure in settings.excluded_failures:
         return f"failure_{failure}"
+    if not math.isfinite(item.rollout.reward):
+        return "nonfinite_reward"
     if item.trained_tokens == 0:
         return "no_trainable_tokens"
     return None

@@ -6,6 +6,11 @@ propagates (the process fails) after the service and the bus are closed.
 
 The service's own modules import torch and verl, so they are imported only once settings are
 valid: `harnessrl --help` builds this module's parser and must stay fast.
+
+Under `torchrun --nproc-per-node N` (data parallelism) every rank comes here with the same
+settings: rank 0 runs the service (bus, rollouts, checkpoints, weight sync, announcements) and
+drives every rank's engine; ranks > 0 connect to nothing and only follow rank 0's engine calls
+(`ranks.RankChannel`), until rank 0 stops them on its way out.
 """
 
 from __future__ import annotations
@@ -57,9 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load settings and run the service until signalled or `max_steps`; 2 on invalid settings."""
     overrides: dict[str, Any] = {name: getattr(args, name, None) for name in OVERRIDES}
-    return service_main(
-        "trainer", lambda: read_settings(args.config, **overrides), lambda s: asyncio.run(serve(s))
-    )
+    return service_main("trainer", lambda: read_settings(args.config, **overrides), serve_rank)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,8 +74,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(parser.parse_args(argv))
 
 
+def serve_rank(settings: TrainerSettings) -> None:
+    """Rank 0 (or the only rank) serves; every other rank follows rank 0's engine."""
+    from harnessrl.trainer.ranks import launched_rank
+
+    if launched_rank() > 0:
+        follow(settings)
+    else:
+        asyncio.run(serve(settings))
+
+
+def follow(settings: TrainerSettings) -> None:
+    """A rank > 0: build the engine (collectively with rank 0), run its commands until stopped."""
+    from pathlib import Path
+
+    from harnessrl.trainer.engine import PolicyEngine
+    from harnessrl.trainer.ranks import ignore_stop_signals
+
+    ignore_stop_signals()
+    PolicyEngine(Path(settings.model_dir), settings.engine, settings.loss).follow()
+
+
 async def serve(settings: TrainerSettings) -> None:
-    """Connect the bus, build the service and run it until signalled or finished."""
+    """Connect the bus, build the service and run it until signalled or finished.
+
+    Once the service has stopped, the other ranks (if any) are stopped too.
+    """
     bus = NatsBus(settings.nats_url)
     await bus.connect()
     try:
@@ -81,6 +108,7 @@ async def serve(settings: TrainerSettings) -> None:
         try:
             await run_until_signalled(service, finished=service.wait())
         finally:
+            service.trainer.engine.stop_followers()
             log.info("trainer.stopped", run=settings.run, version=service.trainer.version)
     finally:
         await bus.close()
@@ -94,16 +122,22 @@ async def build_service(settings: TrainerSettings, bus: NatsBus) -> TrainerServi
 
     trainer = await asyncio.to_thread(Trainer, settings)
     sink = MetricsSink(settings.run, settings.tensorboard_dir, settings.trackers)
-    return TrainerService(bus, trainer, build_sync(settings, trainer), sink)
+    return TrainerService(bus, trainer, build_sync(settings, trainer, bus), sink)
 
 
-def build_sync(settings: TrainerSettings, trainer: Trainer) -> WeightSyncer:
-    """The configured weight-sync back-end over every configured vLLM server."""
+def build_sync(settings: TrainerSettings, trainer: Trainer, bus: NatsBus) -> WeightSyncer:
+    """The configured weight-sync back-end over every configured vLLM server.
+
+    A replica that fails a sync is withdrawn from the gateways' rings over `bus`, and announced
+    again once it passes (see `weight_sync`); gateways must name each replica by the same base
+    URL as `settings.replicas`.
+    """
     from harnessrl.trainer.nccl_sync import NcclReplicaSync
     from harnessrl.trainer.replica import VllmReplica
-    from harnessrl.trainer.weight_sync import ReplicaSync
+    from harnessrl.trainer.weight_sync import ReplicaSync, UpstreamAnnouncer
 
     replicas = [VllmReplica(url, settings.served_model) for url in settings.replicas]
+    announcer = UpstreamAnnouncer(bus, settings.served_model)
     if settings.weight_transfer == "nccl":
         return NcclReplicaSync(
             trainer.engine,
@@ -112,10 +146,14 @@ def build_sync(settings: TrainerSettings, trainer: Trainer) -> WeightSyncer:
             master_address=settings.nccl_master_address,
             master_port=settings.nccl_master_port,
             tolerance=settings.probe_tolerance,
+            on_failed=announcer.withdraw,
+            on_restored=announcer.restore,
         )
     return ReplicaSync(
         replicas,
         settings.probe_token_ids,
         tolerance=settings.probe_tolerance,
         collocated=settings.collocated,
+        on_failed=announcer.withdraw,
+        on_restored=announcer.restore,
     )

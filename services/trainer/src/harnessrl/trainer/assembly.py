@@ -6,6 +6,12 @@ and keeps the rollout pending until the count and last seq match, then builds it
 still incomplete `span_wait_s` after it was first seen is dropped (`spans_incomplete`), never
 trained half. Complete rollouts wait in their group until the group is whole (every attempt in,
 infra failures aside, since those are retried as new attempts) or `group_wait_s` passed.
+
+Rows model one sampling temperature per run: the configured one (`engine.temperature`), else the
+run's own, learned once from the first rollout assembled here that shows one (`run_temperature`:
+its first ok call with tokens not sampled greedily). The gateway applies the run's sampling to
+every call, so that is the temperature of all of them; calls sampled otherwise are not trained.
+A restarted trainer learns it again the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import msgspec
 from harnessrl.shared.contracts import RolloutComplete, Span
 from harnessrl.trainer.advantages import AssembledRollout
 from harnessrl.trainer.samples import BuildReport, build_rows
+from harnessrl.trainer.sampling import run_temperature
 from harnessrl.trainer.settings import PoolSettings, SampleLimits
 
 
@@ -49,9 +56,13 @@ def _unique_spans(spans: Sequence[Span]) -> list[Span]:
 class RolloutPool:
     """Pending (spans incomplete) and assembled rollouts, grouped for batching."""
 
-    def __init__(self, settings: PoolSettings, limits: SampleLimits) -> None:
+    def __init__(
+        self, settings: PoolSettings, limits: SampleLimits, temperature: float | None = None
+    ) -> None:
         self.settings = settings
         self.limits = limits
+        # The temperature rows model: configured, else learned from the first rollout showing one.
+        self.temperature = temperature
         self._pending: dict[str, _Pending] = {}
         self._groups: dict[str, _Group] = {}
         self._in_pool: set[str] = set()
@@ -81,15 +92,34 @@ class RolloutPool:
             self._in_pool.add(key)
             return "pending"
         self._pending.pop(key, None)
-        rows, report = build_rows(key, unique, self.limits)
+        rows, report = build_rows(key, unique, self.limits, temperature=self._temperature(unique))
         self.reports[key] = report
         versions = [span.weight_version_start for span in unique] or rollout.versions_seen or [0]
-        group = self._groups.setdefault(rollout.group, _Group(first_seen=now))
         # A gateway's stamp can lag a just-published version; the admission version can't.
         min_version = max(min(versions), rollout.admitted_version)
-        group.members[key] = AssembledRollout(rollout=rollout, rows=rows, min_version=min_version)
-        self._in_pool.add(key)
+        self._join(AssembledRollout(rollout=rollout, rows=rows, min_version=min_version), now)
         return "assembled"
+
+    def add_undecodable(self, rollout: RolloutComplete, now: float) -> None:
+        """Make a rollout whose spans can't be decoded a member that can't train (`undecodable`).
+
+        Its group then doesn't wait for it; the group rules drop it with that reason.
+        """
+        self._pending.pop(rollout.episode, None)
+        min_version = max(min(rollout.versions_seen or [0]), rollout.admitted_version)
+        member = AssembledRollout(rollout=rollout, rows=[], min_version=min_version, unusable="undecodable")
+        self._join(member, now)
+
+    def _join(self, member: AssembledRollout, now: float) -> None:
+        group = self._groups.setdefault(member.rollout.group, _Group(first_seen=now))
+        group.members[member.rollout_id] = member
+        self._in_pool.add(member.rollout_id)
+
+    def _temperature(self, spans: Sequence[Span]) -> float | None:
+        """The run's sampling temperature, learned from `spans` if not known yet (None: still unknown)."""
+        if self.temperature is None:
+            self.temperature = run_temperature(spans)
+        return self.temperature
 
     def ready_groups(self, now: float) -> list[str]:
         """Groups that are whole or waited long enough, oldest first."""

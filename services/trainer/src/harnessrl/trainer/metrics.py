@@ -2,6 +2,11 @@
 
 `StepMetrics` goes to `hrl.metrics.<run>.trainer` (stream METRICS) for dashboards; TensorBoard
 (`tensorboard_dir`) and verl's tracking back-ends (W&B, MLflow: `trackers`) are optional sinks.
+
+Sample-building counts (`BuildReport`: sampled tokens and why some train in no row, row splits,
+mismatches) are summed over every rollout of the batch that has a report, trained or not: they
+describe what the harness and the limits did to the data, which a skipped group (zero variance,
+stale) doesn't change. `tokens/trained` alone counts what this step's update trained.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ def batch_metrics(
     version: int,
     pass_threshold: float,
 ) -> tuple[dict[str, float], dict[str, int]]:
-    """Reward, pass rate, row and mismatch statistics; plus the staleness histogram."""
+    """Reward, pass rate, row and sample-building statistics; plus the staleness histogram."""
     rewards = [item.rollout.reward for item in rollouts]
     trained = [item.assembled for item in outcome.scored]
     rows = [len(item.rows) for item in trained]
@@ -43,15 +48,41 @@ def batch_metrics(
         "groups/too_small": float(outcome.groups_too_small),
         "tokens/trained": float(sum(item.trained_tokens for item in trained)),
     }
-    mismatches: Counter[str] = Counter()
-    for item in trained:
-        report = reports.get(item.rollout_id)
-        if report is not None:
-            mismatches.update(report.mismatches)
-    for kind, count in mismatches.items():
-        values[f"mismatch/{kind}"] = float(count)
+    reported = [reports[item.rollout_id] for item in rollouts if item.rollout_id in reports]
+    if reported:
+        values.update(report_values(reported))
     staleness = Counter(str(version - item.min_version) for item in trained)
     return values, dict(staleness)
+
+
+def report_values(reports: Sequence[BuildReport]) -> dict[str, float]:
+    """The sample-building counts of `reports`, summed, under their step metric names.
+
+    `tokens/sampled` = `tokens/trainable` (loss tokens in the rows) + `tokens/untrained`, which is
+    the sum of the `tokens/<reason>` counts after it; `unmodeled_sampling/<reason>` splits
+    `tokens/unmodeled_sampling` and `mismatch/<kind>` counts the calls that started a new row.
+    """
+    totals: Counter[str] = Counter()
+    for report in reports:
+        totals.update(
+            {
+                "tokens/sampled": report.sampled_tokens,
+                "tokens/trainable": report.trained_tokens,
+                "tokens/untrained": report.untrained_tokens,
+                "tokens/skipped": report.skipped_tokens,
+                "tokens/prompt_too_long": report.prompt_too_long_tokens,
+                "tokens/truncated": report.truncated_tokens,
+                "tokens/missing_logprob": report.missing_logprob_tokens,
+                "tokens/dead_end": report.dead_end_tokens,
+                "tokens/unmodeled_sampling": report.unmodeled_sampling_tokens,
+                "rows/truncated": report.truncated_rows,
+                "spans/skipped": report.skipped_spans,
+                "prompts/too_long": report.prompt_too_long,
+            }
+        )
+        totals.update({f"unmodeled_sampling/{reason}": n for reason, n in report.unmodeled_sampling.items()})
+        totals.update({f"mismatch/{kind}": n for kind, n in report.mismatches.items()})
+    return {name: float(count) for name, count in totals.items()}
 
 
 class MetricsSink:

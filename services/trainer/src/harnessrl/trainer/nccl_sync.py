@@ -11,10 +11,14 @@ Written against vLLM 0.31's dev-mode routes and `vllm.distributed.weight_transfe
   the trainer opens its endpoint.
 - A round: `/pause` (keep) -> `/start_weight_update` -> `/update_weights` (names, dtypes, shapes,
   in iteration order) concurrently with the trainer's broadcasts -> `/finish_weight_update`
-  with the version -> `/resume`. Every tensor of the model is sent (a layer that receives nothing
+  without a version -> `/resume`. Every tensor of the model is sent (a layer that receives nothing
   keeps its old weights), as bf16 except the names in `keep_fp32`.
-- An NCCL broadcast has no timeout: it runs on a thread under `asyncio.wait_for`; a round that
-  times out raises `WeightSyncError` and leaves the group unusable (restart the trainer).
+- Then, as in `weight_sync`: every replica is probed (it must be resumed to schedule the probe)
+  and labelled with the version (`/update_weight_version`) only if it passed; a replica that
+  failed is withdrawn (`on_failed`) and the sync goes on with the others.
+- An NCCL broadcast has no timeout: it runs on a thread under `asyncio.wait_for`. A round that
+  fails or times out leaves every replica with weights of unknown state, so all are withdrawn and
+  `WeightSyncError` is raised; the group is unusable afterwards (restart the trainer).
 """
 
 from __future__ import annotations
@@ -31,7 +35,23 @@ import torch
 from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.errors import WeightSyncError
 from harnessrl.trainer.replica import VllmReplica
-from harnessrl.trainer.weight_sync import TrainerProbe, verify_probe
+from harnessrl.trainer.weight_sync import (
+    REPLICA_FAILURES,
+    FailureCallback,
+    ProbeHistory,
+    ProbeReference,
+    ReplicaOutcome,
+    RestoreCallback,
+    RingMembership,
+    SyncResult,
+    TrainerProbe,
+    check_and_label,
+    failed_outcome,
+)
+
+Tensors = list[tuple[str, torch.Tensor]]
+# What a failed round raises: our own timeout/refusal, or a replica's transport error.
+_ROUND_FAILURES: tuple[type[Exception], ...] = (WeightSyncError, *REPLICA_FAILURES)
 
 
 class NcclReplicaSync:
@@ -45,9 +65,11 @@ class NcclReplicaSync:
         *,
         master_address: str,
         master_port: int,
-        tolerance: float = 0.02,
+        tolerance: float = 1e-3,
         round_timeout_s: float = 600.0,
         keep_fp32: Sequence[str] = ("mlp.gate.weight",),
+        on_failed: FailureCallback | None = None,
+        on_restored: RestoreCallback | None = None,
     ) -> None:
         self.engine = engine
         self.replicas = list(replicas)
@@ -57,6 +79,8 @@ class NcclReplicaSync:
         self.tolerance = tolerance
         self.round_timeout_s = round_timeout_s
         self.keep_fp32 = tuple(keep_fp32)
+        self.history = ProbeHistory()
+        self.membership = RingMembership(on_failed, on_restored)
         self._group: Any = None
 
     async def close(self) -> None:
@@ -95,13 +119,23 @@ class NcclReplicaSync:
         }
         return trainer_init(rendezvous, rank=0)
 
-    async def sync(self, hf_dir: Path, version: int, trainer_probe: TrainerProbe) -> float:
-        """Push the engine's current weights to every replica as `version`; verify by probe."""
+    async def sync(self, hf_dir: Path, version: int, trainer_probe: TrainerProbe) -> SyncResult:
+        """Push the engine's current weights to every replica; label `version` where the probe passed."""
         if not self.replicas:
-            return 0.0
+            return SyncResult()
         if self._group is None:
             await self._connect()
-        tensors = self._tensors()
+        try:
+            await self._round(self._tensors())
+        except _ROUND_FAILURES as exc:
+            await self.membership.record([failed_outcome(r, exc) for r in self.replicas], version)
+            raise WeightSyncError(f"NCCL round of version {version} failed: {exc}") from exc
+        reference = self.history.reference(version, await trainer_probe(self.probe_ids))
+        outcomes = await asyncio.gather(*(self._verify(replica, reference) for replica in self.replicas))
+        return await self.membership.settle(outcomes, version)
+
+    async def _round(self, tensors: Tensors) -> None:
+        """One update round on every replica, paused (`keep`) throughout and always resumed."""
         update_info = {
             "names": [name for name, _ in tensors],
             "dtype_names": [str(tensor.dtype).split(".")[-1] for _, tensor in tensors],
@@ -117,28 +151,28 @@ class NcclReplicaSync:
             try:
                 await asyncio.wait_for(asyncio.to_thread(self._broadcast, tensors), self.round_timeout_s)
             except TimeoutError as exc:
-                raise WeightSyncError(f"NCCL broadcast of version {version} timed out") from exc
+                raise WeightSyncError(f"NCCL broadcast timed out after {self.round_timeout_s} s") from exc
             await asyncio.gather(*receivers)
-            body = {"weight_version": str(version)}
-            await asyncio.gather(*(_call(r, "POST", "/finish_weight_update", body) for r in self.replicas))
+            await asyncio.gather(*(_call(r, "POST", "/finish_weight_update", {}) for r in self.replicas))
         finally:
             await asyncio.gather(*(replica.resume() for replica in self.replicas))
-        expected = await trainer_probe(self.probe_ids)
-        gaps = [
-            await verify_probe(replica, self.probe_ids, expected, self.tolerance, version)
-            for replica in self.replicas
-        ]
-        return max(gaps)
 
-    def _tensors(self) -> list[tuple[str, torch.Tensor]]:
-        params, _ = self.engine.worker.engine.get_per_tensor_param()
-        out = []
-        for name, tensor in params:
+    async def _verify(self, replica: VllmReplica, reference: ProbeReference) -> ReplicaOutcome:
+        try:
+            return await check_and_label(replica, self.probe_ids, reference, self.tolerance)
+        except REPLICA_FAILURES as exc:
+            return failed_outcome(replica, exc)
+
+    def _tensors(self) -> Tensors:
+        """The full weights in wire dtypes (bf16, fp32 for `keep_fp32`); a collective on every rank."""
+
+        def wire(name: str, tensor: torch.Tensor) -> torch.Tensor:
             dtype = torch.float32 if name.endswith(self.keep_fp32) else torch.bfloat16
-            out.append((name, tensor.detach().to(dtype).contiguous()))
-        return out
+            return tensor.detach().to(dtype).contiguous()
 
-    def _broadcast(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        return self.engine.full_params(wire)
+
+    def _broadcast(self, tensors: Tensors) -> None:
         stream = torch.cuda.current_stream()
         for _name, tensor in tensors:
             self._group.broadcast(tensor, src=0, stream=stream)

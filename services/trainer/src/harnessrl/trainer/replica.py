@@ -5,7 +5,8 @@ The routes exist only when the replica runs with `VLLM_SERVER_DEV_MODE=1` (as
 `reload_from` asks every worker to `reload_weights` from a directory in Hugging Face format, then
 drops the prefix cache so no KV computed with the old weights is reused. The reload only takes
 effect with the `harnessrl.trainer.vllm_plugin` plugin installed (see its docstring), so callers
-verify a sync with `probe_logprobs`, never by the HTTP 200 alone.
+verify a sync with `probe_logprobs`, never by the HTTP 200 alone, and label the weights
+(`set_weight_version`) only after that check passed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import aiohttp
 import msgspec
 
 from harnessrl.shared.log import get_logger
-from harnessrl.shared.net import VLLM_CLIENT_KEEPALIVE_S
 from harnessrl.trainer.errors import ReplicaError
 
 PauseMode = Literal["abort", "wait", "keep"]
@@ -67,8 +67,15 @@ class VllmReplica:
     async def _call(
         self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
     ) -> Any:
+        """One admin call: the decoded JSON answer, or `ReplicaError` for a status other than 200.
+
+        Every call opens its own connection (`force_close`): vLLM's server drops the connection
+        after a 500 (a failed worker RPC), and a pooled one would fail the next POST, such as the
+        `resume` after a failed reload, leaving the replica paused. Admin calls are a handful
+        per sync, so keep-alive saves nothing worth that.
+        """
         if self._session is None:
-            connector = aiohttp.TCPConnector(keepalive_timeout=VLLM_CLIENT_KEEPALIVE_S)
+            connector = aiohttp.TCPConnector(force_close=True)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         url = f"{self.base_url}{path}"
         async with self._session.request(method, url, json=json, params=params) as response:
@@ -81,7 +88,9 @@ class VllmReplica:
         """Load new weights from `checkpoint_dir` (safetensors, HF layout) into every worker.
 
         Running requests are preempted and recomputed with the new weights; the prefix cache is
-        emptied. Pause first (`pause("keep")`) when no token may be sampled from mixed weights.
+        emptied. Use `reload_frozen` when no token may be sampled from mixed weights. A reload
+        that fails (an unreadable checkpoint) leaves vLLM 0.31's weights on the meta device: the
+        replica's next forward kills its engine (measured), so it must be restarted.
         """
         path = _absolute(checkpoint_dir)
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
@@ -91,16 +100,17 @@ class VllmReplica:
             raise ReplicaError(f"prefix cache not reset after reload: {reset!r}")
         log.info("replica.reloaded", replica=self.base_url, checkpoint=path)
 
-    async def load_version(self, checkpoint_dir: Path | str, version: int | str) -> None:
-        """Switch to `checkpoint_dir` as weight `version` with no request sampled across the switch.
+    async def reload_frozen(self, checkpoint_dir: Path | str) -> None:
+        """`reload_from` with scheduling frozen (`pause("keep")`) so no token mixes two weight sets.
 
-        Scheduling is frozen (`pause("keep")`) around the reload and the label change, and resumed
-        even when the reload fails, so a failed sync never leaves the replica paused.
+        Requests in flight are held and recomputed with the new weights after the resume; new ones
+        queue. The replica is resumed even when the reload fails, so a failed sync never leaves it
+        paused. The weight label is left alone: `weight_sync` sets it only once the probe passed,
+        and the probe can only run after the resume (a paused replica schedules nothing).
         """
         await self.pause("keep")
         try:
             await self.reload_from(checkpoint_dir)
-            await self.set_weight_version(version)
         finally:
             await self.resume()
 

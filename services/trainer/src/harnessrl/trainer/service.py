@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 
 from harnessrl.shared import subjects
-from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription
+from harnessrl.shared.bus import Bus, BusError, ConsumerSpec, Delivery, PermanentError, Subscription
 from harnessrl.shared.contracts import RolloutComplete, Span, StepMetrics, WeightVersion
 from harnessrl.shared.log import get_logger
 from harnessrl.trainer.advantages import AssembledRollout
@@ -34,7 +34,7 @@ from harnessrl.trainer.errors import RolloutNotSettled
 from harnessrl.trainer.metrics import MetricsSink
 from harnessrl.trainer.samples import TrainingRow
 from harnessrl.trainer.training import StepResult, Trainer
-from harnessrl.trainer.weight_sync import WeightSyncer
+from harnessrl.trainer.weight_sync import SyncResult, WeightSyncer
 
 log = get_logger(__name__)
 
@@ -50,7 +50,11 @@ class TrainerService:
         self.settings = trainer.settings
         self.sync = sync
         self.sink = sink or MetricsSink(self.settings.run)
-        self.pool = RolloutPool(self.settings.pool, self.settings.limits)
+        self.pool = RolloutPool(
+            self.settings.pool, self.settings.limits, temperature=self.settings.engine.temperature
+        )
+        # Rollouts whose spans failed to decode, with the tries so far (bounded: decode_attempts).
+        self._decode_failures: dict[str, int] = {}
         self.steps_done = asyncio.Event()
         self.last_metrics: StepMetrics | None = None
         self._subscription: Subscription | None = None
@@ -112,13 +116,38 @@ class TrainerService:
         if key in self.trainer.settled:
             return
         if key not in self._in_step and (not self.pool.knows(key) or self.pool.is_pending(key)):
-            spans = await self._spans_of(rollout)
-            status = self.pool.offer(rollout, spans, time.monotonic())
+            status = await self._offer(rollout)
             if status == "dropped":
                 self.trainer.drop([key])
                 return
             self._wake.set()
         raise RolloutNotSettled("rollout not yet covered by a checkpoint", delay=self.settings.ack_recheck_s)
+
+    async def _offer(self, rollout: RolloutComplete) -> str:
+        """Offer the rollout with its stored spans; a rollout that can't be decoded has bounded tries.
+
+        Spans that fail to decode or to become rows (a token-delta error, a corrupt span) fail the
+        same way every time: after `decode_attempts` tries the rollout is dead-lettered with the
+        reason (`PermanentError`) and leaves its group as `undecodable`, so the group isn't held.
+        """
+        key = rollout.episode
+        try:
+            spans = await self._spans_of(rollout)
+            status = self.pool.offer(rollout, spans, time.monotonic())
+        except BusError:
+            raise
+        except Exception as exc:
+            tries = self._decode_failures[key] = self._decode_failures.get(key, 0) + 1
+            reason = f"spans of {key} can't be decoded ({type(exc).__name__}: {exc})"
+            log.warning("rollout.undecodable", rollout=key, tries=tries, error=str(exc))
+            if tries < self.settings.decode_attempts:
+                raise RolloutNotSettled(reason, delay=self.settings.ack_recheck_s) from exc
+            self._decode_failures.pop(key, None)
+            self.pool.add_undecodable(rollout, time.monotonic())
+            self._wake.set()
+            raise PermanentError(f"{reason}; dead-lettered after {tries} tries") from exc
+        self._decode_failures.pop(key, None)
+        return status
 
     async def _spans_of(self, rollout: RolloutComplete) -> list[Span]:
         subject = subjects.span(rollout.run, rollout.episode)
@@ -141,7 +170,9 @@ class TrainerService:
             await asyncio.shield(self._step_task)
 
     async def _step(self, batch: list[AssembledRollout]) -> None:
-        reports = {item.rollout_id: self.pool.reports.pop(item.rollout_id) for item in batch}
+        # An undecodable member has no report (it became no rows at all).
+        found = {item.rollout_id: self.pool.reports.pop(item.rollout_id, None) for item in batch}
+        reports = {key: report for key, report in found.items() if report is not None}
         self._in_step = {item.rollout_id for item in batch}
         try:
             result = await asyncio.to_thread(self.trainer.step, batch, reports)
@@ -158,7 +189,9 @@ class TrainerService:
         for reason, count in self.pool.dropped.items():
             values[f"dropped_total/{reason}"] = float(count)
         if result.trained:
-            values["sync/probe_gap"] = await self._sync_replicas()
+            synced = await self._sync_replicas()
+            values["sync/probe_gap"] = synced.gap
+            values["sync/failed_replicas"] = float(len(synced.failed))
         if result.checkpoint is not None:
             await self._publish_version()
         metrics = StepMetrics(
@@ -197,7 +230,7 @@ class TrainerService:
         await self._send_metrics(metrics)
         log.warning("metrics.recovered", run=state.run, step=state.step)
 
-    async def _sync_replicas(self) -> float:
+    async def _sync_replicas(self) -> SyncResult:
         version = self.trainer.version
         hf_dir = self.trainer.hf_dir()
         return await self.sync.sync(hf_dir, version, self._trainer_probe)

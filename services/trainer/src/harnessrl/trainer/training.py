@@ -4,6 +4,10 @@
 directly: staleness filter, group rules and advantages, one engine update, checkpoint. Rollouts it
 trains or drops become *settled*: persisted, so a restart neither retrains nor loses them.
 
+Staleness is decided per group: a group trains only when every member is within the bound, else the
+whole group is dropped (`stale`, and `groups/stale`), so a baseline is never computed over the fast
+members alone (long episodes, the slow ones, would otherwise be the first to go).
+
 Only a step that trains makes a new version. A batch of current rollouts with nothing to learn from
 (every group skipped) is still a step: it is checkpointed (state only) and announced, carrying the
 previous version's weights, so the controller's admission, which counts steps, never stalls.
@@ -11,6 +15,7 @@ previous version's weights, so the controller's admission, which counts steps, n
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -20,7 +25,14 @@ import msgspec
 
 from harnessrl.shared.contracts import StepMetrics
 from harnessrl.shared.log import get_logger
-from harnessrl.trainer.advantages import AssembledRollout, ScoredRollout, score_groups, token_weights
+from harnessrl.trainer.advantages import (
+    AssembledRollout,
+    GroupOutcome,
+    ScoredRollout,
+    score_groups,
+    split_stale,
+    token_weights,
+)
 from harnessrl.trainer.batch import RowBatch
 from harnessrl.trainer.checkpoint import CheckpointStore, TrainerState, weights_digest
 from harnessrl.trainer.engine import PolicyEngine
@@ -94,23 +106,25 @@ class Trainer:
         """Train on `rollouts` (whole groups) and checkpoint; drops what can't be trained."""
         started = time.monotonic()
         fresh = [item for item in rollouts if item.rollout_id not in self.settled]
-        lag = self.settings.allowed_lag
-        current = [item for item in fresh if self.version - item.min_version <= lag]
+        current, stale = split_stale(fresh, version=self.version, lag=self.settings.allowed_lag)
         outcome = score_groups(current, self.settings.advantages)
         dropped = Counter(outcome.dropped)
-        stale_ids = [item.rollout_id for item in fresh if item not in current]
-        if stale_ids:
-            dropped["stale"] += len(stale_ids)
-        self.drop(stale_ids + outcome.dropped_ids)
+        if stale:
+            dropped["stale"] += len(stale)
+        self.drop([item.rollout_id for item in stale] + outcome.dropped_ids)
         values, staleness = batch_metrics(
             fresh, outcome, reports or {}, version=self.version,
             pass_threshold=self.settings.pass_threshold,
         )  # fmt: skip
+        values["groups/stale"] = float(len({item.rollout.group for item in stale}))
         if not outcome.scored:
             return self._untrained(values, staleness, dropped, is_step=bool(current))
         batch = self._row_batch(outcome.scored)
         rows = batch.rows
-        values.update(self.engine.train(batch, step=self.state.step + 1))
+        update = self.engine.train(batch, step=self.state.step + 1)
+        if not math.isfinite(update.get("grad_norm", 0.0)):
+            return self._skipped_update(values, update, staleness, dropped, outcome)
+        values.update(update)
         checkpoint = self._checkpoint([item.assembled.rollout_id for item in outcome.scored])
         elapsed = time.monotonic() - started
         values["perf/step_s"] = elapsed
@@ -135,6 +149,30 @@ class Trainer:
             return self.settings.engine.temperature
         seen = Counter(row.temperature for item in scored for row in item.assembled.rows)
         return seen.most_common(1)[0][0] if seen else 1.0
+
+    def _skipped_update(
+        self,
+        values: dict[str, float],
+        update: dict[str, float],
+        staleness: dict[str, int],
+        dropped: Counter[str],
+        outcome: GroupOutcome,
+    ) -> StepResult:
+        """Verl skipped the optimizer step (non-finite gradient norm): the weights did not change.
+
+        The step carries the previous version like one that trained nothing; its rollouts are
+        settled as `nonfinite_gradient` (retraining them would fail the same way) and the update's
+        non-finite values are left out of the metrics (kept: how many there were).
+        """
+        ids = [item.assembled.rollout_id for item in outcome.scored]
+        self.drop(ids)
+        dropped["nonfinite_gradient"] += len(ids)
+        finite = {key: value for key, value in update.items() if math.isfinite(value)}
+        values.update(finite)
+        values["step/nonfinite_gradient"] = 1.0
+        values["step/nonfinite_values"] = float(len(update) - len(finite))
+        log.warning("step.nonfinite_gradient", step=self.state.step + 1, rollouts=len(ids))
+        return self._untrained(values, staleness, dropped, is_step=True)
 
     def _untrained(
         self, values: dict[str, float], staleness: dict[str, int], dropped: Counter[str], *, is_step: bool

@@ -1,0 +1,88 @@
+"""A coding-agent-sized rollout (its last prompt over 32k tokens) trains in one step on the tiny model.
+
+verl's real engine on the CPU (sdpa, float32, no padding removal). The group holds two long
+attempts and a short one. verl's token-count packing would put the short row beside a long one,
+padded, with a dense 4D attention mask (measured: 21.5 GB and 150 s for 32k + 1k tokens); the
+engine trains such a step one row per micro-batch instead (`PADDED_ROW_LIMIT`): a row alone has no
+padding, transformers then passes no mask to sdpa (`is_causal`), and a 33k-token forward and
+backward stays near 2 GB.
+"""
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from harnessrl.testkit.span_sequences import EpisodeRecorder
+from harnessrl.trainer.advantages import AssembledRollout
+from harnessrl.trainer.engine import PADDED_ROW_LIMIT, PolicyEngine
+from harnessrl.trainer.samples import build_rows
+from harnessrl.trainer.settings import TrainerSettings
+from harnessrl.trainer.training import Trainer
+
+pytestmark = pytest.mark.slow
+
+LONG = 32_768
+TURNS = 8
+COMPLETION = 96
+TOOL_OUTPUT = 3_872  # 1,024 + 8 x (96 + 3,872): the last prompt is 32,768 tokens
+LOGPROB = -6.2  # about log(1/516): the tiny model's view of random tokens
+
+
+def tokens(rng: random.Random, count: int) -> list[int]:
+    """Ids inside the tiny model's vocabulary (516), clear of its special tokens."""
+    return [rng.randrange(10, 500) for _ in range(count)]
+
+
+def long_episode(episode: str, rng: random.Random) -> EpisodeRecorder:
+    """A task, then turns of a short model call and a long tool output; the last prompt is 32k."""
+    recorder = EpisodeRecorder("long", episode)
+    context = tokens(rng, 1_024)
+    for _ in range(TURNS):
+        completion = tokens(rng, COMPLETION)
+        recorder.call(context, completion, logprobs=[LOGPROB] * COMPLETION)
+        context = [*context, *completion, *tokens(rng, TOOL_OUTPUT)]
+    assert len(context) >= LONG
+    recorder.call(context, tokens(rng, COMPLETION), logprobs=[LOGPROB] * COMPLETION)
+    return recorder
+
+
+def short_episode(rng: random.Random) -> EpisodeRecorder:
+    """An attempt that gave up at once: one call."""
+    recorder = EpisodeRecorder("long", "long-short")
+    recorder.call(tokens(rng, 1_024), tokens(rng, COMPLETION), logprobs=[LOGPROB] * COMPLETION)
+    return recorder
+
+
+def weights(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(directory / "model.safetensors"))
+
+
+def test_a_rollout_longer_than_32k_tokens_trains_in_one_step(
+    policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+) -> None:
+    rng = random.Random(5)
+    rollouts, reports = [], {}
+    for attempt, reward in enumerate((1.0, 0.0, 0.0)):
+        recorder = long_episode(f"long-a{attempt}", rng) if attempt < 2 else short_episode(rng)
+        rows, report = build_rows(recorder.episode, recorder.spans)
+        assert len(rows) == 1 and report.trained_tokens == report.sampled_tokens
+        rollout = recorder.rollout(task="t", group="g", reward=reward, group_size=3)
+        rollouts.append(AssembledRollout(rollout=rollout, rows=rows))
+        reports[rollout.episode] = report
+    lengths = sorted(len(row.input_ids) for item in rollouts for row in item.rows)
+    assert lengths[0] < PADDED_ROW_LIMIT and lengths[1] >= LONG  # a short row beside long ones
+    before = weights(policy_engine.export_hf(tmp_path / "before"))
+    settings = TrainerSettings(run="long", model_dir=str(tiny_model), checkpoint_dir=str(tmp_path / "ckpt"))
+    trainer = Trainer(settings, engine=policy_engine)
+
+    result = trainer.step(rollouts, reports)
+
+    assert result.trained, result.metrics
+    values = result.metrics.values
+    assert values["tokens/trained"] == values["tokens/sampled"] == (2 * (TURNS + 1) + 1) * COMPLETION
+    assert values["tokens/untrained"] == 0
+    after = weights(trainer.hf_dir())
+    assert any(not torch.equal(before[name], after[name]) for name in before)
