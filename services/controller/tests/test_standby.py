@@ -86,6 +86,14 @@ def running_jobs(kube: FakeKubeServer) -> list[dict[str, Any]]:
     return [job for job in jobs if not job.get("status", {}).get("conditions")]
 
 
+async def jobs_keep_running(kube: FakeKubeServer) -> bool:
+    """Whether Jobs are running past the auto-completion delay (created after `auto` was cleared)."""
+    if not running_jobs(kube):
+        return False
+    await asyncio.sleep(kube.api.auto_delay_s + 0.5)  # Jobs created before then have ended by now
+    return bool(running_jobs(kube))
+
+
 async def completed(bus: NatsBus, run: str) -> int:
     return len(await bus.replay(subjects.EPISODES.name, subjects.episode_events_of_run(run, "completed")))
 
@@ -134,7 +142,7 @@ async def test_standby_takes_over_after_kill_9_of_the_active_controller(
                 await asyncio.sleep(0.1)
         kube.api.auto = None  # the Jobs created from now on run until the test ends them
         async with asyncio.timeout(30):
-            while not running_jobs(kube):
+            while not await jobs_keep_running(kube):
                 await asyncio.sleep(0.05)
         assert "controller.ready" not in standby_log.read_text()  # it never served while standing by
         active.send_signal(signal.SIGKILL)
@@ -231,24 +239,29 @@ async def test_a_stopped_controller_hands_the_lease_to_its_standby_at_once(
     lost: list[str] = []
     first = ActiveStandby(bus, settings, on_lost=lost.append)
     second = ActiveStandby(second_bus, settings, on_lost=lost.append)
-    await first.start()
-    async with asyncio.timeout(10):
-        while first.controller is None:
-            await asyncio.sleep(0.05)
-    await second.start()
-    assert second.lease is not None and first.lease is not None
-    async with asyncio.timeout(10):
-        while second.lease.other != first.lease.holder:
-            await asyncio.sleep(0.05)
-    assert second.controller is None  # a standby builds nothing, serves nothing
-    stopped_at = time.monotonic()
-    await first.stop()
+    running = [first, second]
     try:
+        await first.start()
+        async with asyncio.timeout(30):
+            while first.controller is None:
+                await asyncio.sleep(0.05)
+        await second.start()
+        assert second.lease is not None and first.lease is not None
+        async with asyncio.timeout(30):
+            while second.lease.other != first.lease.holder:
+                await asyncio.sleep(0.05)
+        assert second.controller is None  # a standby builds nothing, serves nothing
+        stopped_at = time.monotonic()
+        async with asyncio.timeout(30):
+            await first.stop()
+        running.remove(first)
         async with asyncio.timeout(5):
             while second.controller is None:
                 await asyncio.sleep(0.02)
         handover_s = time.monotonic() - stopped_at
     finally:
-        await second.stop()
+        # Stopped whatever happened: a contender left running would outlive the test.
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(contender.stop() for contender in running))
     assert handover_s < 1.0  # the next poll (a tenth of the TTL), not the TTL
     assert not lost

@@ -34,6 +34,7 @@ from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus
 from harnessrl.shared.contracts import WeightVersion
 from harnessrl.shared.ids import new_id
+from harnessrl.stack.local import service_argv
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.testkit.span_sequences import publish_episodes, record_group
 from harnessrl.trainer.batch import (
@@ -196,10 +197,9 @@ def test_every_rank_writes_its_checkpoint_shard_and_loading_restores_the_weights
 
 def start_ranks(env: dict[str, str], log: Path, ranks: int = 2) -> subprocess.Popen[bytes]:
     """`harnessrl up --trainer-ranks 2`'s command, in its own process group (as the supervisor does)."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     with log.open("ab") as out:
         return subprocess.Popen(
-            [*argv, "-m", "harnessrl.trainer"], env={**os.environ, **env},
+            service_argv("trainer", ranks), env={**os.environ, **env},
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harnessrl.testkit.span_sequences import EpisodeRecorder
+from harnessrl.testkit.span_sequences import EpisodeRecorder, coding_episode
 from harnessrl.trainer.advantages import AssembledRollout
 from harnessrl.trainer.engine import PADDED_ROW_LIMIT, PolicyEngine
 from harnessrl.trainer.samples import build_rows
@@ -25,35 +25,18 @@ from harnessrl.trainer.training import Trainer
 pytestmark = pytest.mark.slow
 
 LONG = 32_768
-TURNS = 8
+TURNS = 8  # with coding_episode's defaults the last prompt is 32,768 tokens
 COMPLETION = 96
-TOOL_OUTPUT = 3_872  # 1,024 + 8 x (96 + 3,872): the last prompt is 32,768 tokens
-LOGPROB = -6.2  # about log(1/516): the tiny model's view of random tokens
-
-
-def tokens(rng: random.Random, count: int) -> list[int]:
-    """Ids inside the tiny model's vocabulary (516), clear of its special tokens."""
-    return [rng.randrange(10, 500) for _ in range(count)]
 
 
 def long_episode(episode: str, rng: random.Random) -> EpisodeRecorder:
     """A task, then turns of a short model call and a long tool output; the last prompt is 32k."""
-    recorder = EpisodeRecorder("long", episode)
-    context = tokens(rng, 1_024)
-    for _ in range(TURNS):
-        completion = tokens(rng, COMPLETION)
-        recorder.call(context, completion, logprobs=[LOGPROB] * COMPLETION)
-        context = [*context, *completion, *tokens(rng, TOOL_OUTPUT)]
-    assert len(context) >= LONG
-    recorder.call(context, tokens(rng, COMPLETION), logprobs=[LOGPROB] * COMPLETION)
-    return recorder
+    return coding_episode("long", episode, rng, turns=TURNS, completion_tokens=COMPLETION)
 
 
 def short_episode(rng: random.Random) -> EpisodeRecorder:
     """An attempt that gave up at once: one call."""
-    recorder = EpisodeRecorder("long", "long-short")
-    recorder.call(tokens(rng, 1_024), tokens(rng, COMPLETION), logprobs=[LOGPROB] * COMPLETION)
-    return recorder
+    return coding_episode("long", "long-short", rng, turns=0, completion_tokens=COMPLETION)
 
 
 def weights(directory: Path) -> dict[str, torch.Tensor]:

@@ -4,11 +4,14 @@ import math
 import random
 from pathlib import Path
 
+import msgspec
+import pytest
 import torch
 
 from harnessrl.benchmarks.trainer import demo_batch
 from harnessrl.trainer.checkpoint import STATE_FILE
 from harnessrl.trainer.engine import PolicyEngine
+from harnessrl.trainer.errors import TrainerError
 from harnessrl.trainer.settings import TrainerSettings
 from harnessrl.trainer.training import Trainer
 
@@ -87,3 +90,17 @@ def test_a_group_with_one_stale_member_is_dropped_whole(
     assert result.metrics.dropped == {"stale": 4}
     assert result.metrics.values["groups/stale"] == 1.0
     assert result.metrics.values["rollouts/trained"] == 4.0  # the other group only
+
+
+def test_a_run_resumes_only_on_the_rank_count_it_was_checkpointed_with(
+    policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+) -> None:
+    settings = TrainerSettings(run="ranks", model_dir=str(tiny_model), checkpoint_dir=str(tmp_path))
+    trainer = Trainer(settings, engine=policy_engine)
+    assert trainer.step(demo_batch("ranks", random.Random(8), groups=1, size=4, version=0)).trained
+    state_file = trainer.store.latest() / STATE_FILE  # type: ignore[operator]
+    state = msgspec.json.decode(state_file.read_bytes())
+    assert state["ranks"] == 1
+    state_file.write_bytes(msgspec.json.encode({**state, "ranks": 2}))  # as if written by 2 ranks
+    with pytest.raises(TrainerError, match="checkpointed on 2 rank"):
+        Trainer(settings, engine=policy_engine)

@@ -9,6 +9,15 @@
   engine. Sync waits for every episode of a batch (the tail) and then trains; async keeps episodes
   running while it trains, with admission control keeping in-flight work within the bound, and the
   trainer dropping anything staler. `max_staleness` is the largest lag actually trained.
+- `dp_invariance_max_abs`: the same updates on 2 ranks (torchrun, gloo) and on 1 rank, largest
+  parameter difference (target 1e-5); `microbatch_invariance_max_abs`: micro-batches of one row
+  against one micro-batch (target 1e-5).
+- `probe_catches_one_step_stale`: after one ordinary step, the weight-sync probe fails the
+  previous version's logprobs (a replica that kept its old weights) and passes the new ones. The
+  served logprobs are the trainer's own for each version (vLLM matches them within 1e-6, see
+  `test_rollout_logprobs`; `test_weight_sync` runs the same check against a real replica).
+- `long_rollout_tokens_trained`: tokens of the longest rollout trained in one step, a coding-agent
+  episode whose last prompt is 32,768 tokens, in a group with a short attempt.
 
 The last stdout line is one JSON object.
 """
@@ -23,13 +32,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from harnessrl.benchmarks.trainer_invariance import dp_invariance, microbatch_invariance
 from harnessrl.stack.demo.tiny_model import cached_tiny_model
-from harnessrl.testkit.span_sequences import agent_episode, record_group
-from harnessrl.trainer.advantages import AssembledRollout
+from harnessrl.testkit.span_sequences import agent_episode, coding_episode, record_group
+from harnessrl.trainer.advantages import AssembledRollout, split_stale
 from harnessrl.trainer.engine import PolicyEngine
-from harnessrl.trainer.samples import build_rows
+from harnessrl.trainer.samples import TrainingRow, build_rows
 from harnessrl.trainer.settings import EngineSettings, LossSettings, TrainerSettings
 from harnessrl.trainer.training import Trainer
+from harnessrl.trainer.weight_sync import ProbeHistory, judge_probe
 
 STALENESS = 2
 
@@ -138,8 +149,8 @@ async def run_async(
     while trainer.state.step < steps:
         admit()
         batch = [item for _ in range(groups) for item in await done.get()]
-        fresh = [item for item in batch if trainer.version - item.min_version <= STALENESS]
-        dropped += len(batch) - len(fresh)
+        fresh, stale = split_stale(batch, version=trainer.version, lag=STALENESS)
+        dropped += len(stale)
         lags.extend(trainer.version - item.min_version for item in fresh)
         await asyncio.to_thread(trainer.step, batch)
     for task in tasks:
@@ -171,6 +182,48 @@ def bench_async(engine: PolicyEngine, root: Path, step_s: float, steps: int = 8)
     }
 
 
+def bench_probe(engine: PolicyEngine, root: Path) -> dict[str, float]:
+    """Whether the sync probe fails the previous version after one ordinary step (and passes the new)."""
+    trainer = make_trainer(engine, root, "probe", "sync")
+    settings = trainer.settings
+    probe = TrainingRow(
+        rollout_id="probe", input_ids=list(settings.probe_token_ids), prompt_len=1,
+        loss_mask=[], logprobs=[], versions=[],
+    )  # fmt: skip
+    history = ProbeHistory()
+    before = engine.row_logprobs([probe])[0]
+    history.reference(0, before)
+    trainer.step(demo_batch("probe", random.Random(4), 8, 8, trainer.version))  # noqa: S311
+    after = engine.row_logprobs([probe])[0]
+    reference = history.reference(trainer.version, after)
+    stale = judge_probe(before, reference, settings.probe_tolerance)
+    fresh = judge_probe(after, reference, settings.probe_tolerance)
+    return {
+        "probe_catches_one_step_stale": float(not stale.passed and fresh.passed),
+        "probe_one_step_gap": stale.gap,
+    }
+
+
+def bench_long_rollout(engine: PolicyEngine, root: Path) -> dict[str, float]:
+    """One step on a group of two 32k-token coding episodes and a short attempt."""
+    rng = random.Random(5)  # noqa: S311 - a simulation, not security
+    trainer = make_trainer(engine, root, "long", "sync")
+    recorders = [coding_episode("long", f"long-{i}", rng) for i in range(2)]
+    recorders.append(coding_episode("long", "long-short", rng, turns=0))
+    batch = []
+    for recorder, reward in zip(recorders, (1.0, 0.0, 0.0), strict=True):
+        rows, _ = build_rows(recorder.episode, recorder.spans)
+        rollout = recorder.rollout(task="t", group="g", reward=reward, group_size=len(recorders))
+        batch.append(AssembledRollout(rollout=rollout, rows=rows))
+    started = time.perf_counter()
+    result = trainer.step(batch)
+    longest = max(sum(len(row.input_ids) for row in item.rows) for item in batch)
+    return {
+        "long_rollout_tokens_trained": float(longest if result.trained else 0),
+        "long_rollout_step_s": time.perf_counter() - started,
+    }
+
+
 def main() -> None:
     """Run the three measurements; print one JSON object last."""
     result: dict[str, float] = {}
@@ -182,4 +235,16 @@ def main() -> None:
         result.update(bench_steps(engine, root))
         sys.stderr.write(f"steps: {result['steps_per_min']:.1f}/min\n")
         result.update(bench_async(engine, root, result["step_s"]))
-    sys.stdout.write(json.dumps({key: round(value, 3) for key, value in result.items()}) + "\n")
+        result.update(bench_probe(engine, root))
+        result.update(bench_long_rollout(engine, root))
+        sys.stderr.write(f"long rollout: {result['long_rollout_tokens_trained']:.0f} tokens in one step\n")
+        result["dp_invariance_max_abs"] = dp_invariance(engine.model_dir, root / "dp")
+        result["microbatch_invariance_max_abs"] = microbatch_invariance(engine.model_dir, root / "micro")
+    sys.stdout.write(json.dumps({key: _rounded(key, value) for key, value in result.items()}) + "\n")
+
+
+def _rounded(key: str, value: float) -> float | bool:
+    """Three decimals, except small differences (significant figures) and the yes/no figure."""
+    if key == "probe_catches_one_step_stale":
+        return bool(value)
+    return float(f"{value:.3g}") if key.endswith("_max_abs") else round(value, 3)

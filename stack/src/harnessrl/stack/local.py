@@ -53,6 +53,12 @@ def secret_file(home: Path, name: str) -> str:
     return path.read_text().strip()
 
 
+def service_argv(service: str, ranks: int = 1) -> list[str]:
+    """The command of a service process: `python -m harnessrl.<service>`, under torchrun for `ranks` > 1."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    return [sys.executable, *(launcher if ranks > 1 else []), "-m", f"harnessrl.{service}"]
+
+
 def settings_env(prefix: str, settings: msgspec.Struct) -> dict[str, str]:
     """A service's settings as its `<prefix><FIELD>` environment (fields left at their default omitted).
 
@@ -172,10 +178,9 @@ class LocalStack:
         self, service: str, settings: msgspec.Struct, ready_url: str | None = None, *, ranks: int = 1
     ) -> None:
         """Start `python -m harnessrl.<service>`; with `ranks` > 1 under torchrun on this machine."""
-        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
         spec = ProcessSpec(
             name=service,
-            argv=[sys.executable, *(launcher if ranks > 1 else []), "-m", f"harnessrl.{service}"],
+            argv=service_argv(service, ranks),
             env={
                 "HRL_HOME": str(self.home),
                 **self.nats_env,

@@ -98,6 +98,33 @@ def agent_episode(
 RecordedEpisode = tuple[EpisodeRecorder, RolloutComplete]
 
 
+def coding_episode(
+    run: str,
+    episode: str,
+    rng: random.Random,
+    *,
+    turns: int = 8,
+    task_tokens: int = 1_024,
+    completion_tokens: int = 96,
+    tool_tokens: int = 3_872,
+    logprob: float = -6.2,
+) -> EpisodeRecorder:
+    """A coding agent's shape: a task, `turns` short calls each followed by a long tool output, a last call.
+
+    With the defaults the last prompt is 32,768 tokens (1,024 + 8 x (96 + 3,872)); ids stay in
+    10..499 (inside the tiny model's vocabulary, clear of its specials) and `logprob` is about
+    log(1/516), the tiny model's view of random tokens.
+    """
+    recorder = EpisodeRecorder(run, episode)
+    context = [rng.randrange(10, 500) for _ in range(task_tokens)]
+    for turn in range(turns + 1):
+        completion = [rng.randrange(10, 500) for _ in range(completion_tokens)]
+        recorder.call(context, completion, logprobs=[logprob] * completion_tokens)
+        if turn < turns:
+            context = [*context, *completion, *(rng.randrange(10, 500) for _ in range(tool_tokens))]
+    return recorder
+
+
 def record_group(
     run: str,
     group: str,

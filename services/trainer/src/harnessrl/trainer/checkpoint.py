@@ -53,6 +53,8 @@ class TrainerState(msgspec.Struct, kw_only=True):
     weights_step: int = 0
     # sha256 of the weights of `version` ("" before the first step), announced with each step.
     digest: str = ""
+    # Data-parallel ranks that wrote the engine checkpoint (verl's shards are per rank).
+    ranks: int = 1
 
     @property
     def carries_previous(self) -> bool:

@@ -36,6 +36,7 @@ from harnessrl.trainer.advantages import (
 from harnessrl.trainer.batch import RowBatch
 from harnessrl.trainer.checkpoint import CheckpointStore, TrainerState, weights_digest
 from harnessrl.trainer.engine import PolicyEngine
+from harnessrl.trainer.errors import TrainerError
 from harnessrl.trainer.metrics import batch_metrics
 from harnessrl.trainer.samples import BuildReport
 from harnessrl.trainer.settings import TrainerSettings
@@ -66,9 +67,18 @@ class Trainer:
         self.engine = engine or PolicyEngine(Path(settings.model_dir), settings.engine, settings.loss)
         weights = self.store.weights_dir(self.state)
         if weights is not None:
+            self._check_ranks()
             self.engine.load(weights / "engine")
         if self.state.step > 0:
             log.info("trainer.resumed", step=self.state.step, version=self.state.version)
+
+    def _check_ranks(self) -> None:
+        """The engine checkpoint holds one verl shard per rank: resuming needs the same rank count."""
+        if self.state.ranks != self.engine.ranks.size:
+            raise TrainerError(
+                f"run {self.settings.run} was checkpointed on {self.state.ranks} rank(s) and resumes"
+                f" on {self.engine.ranks.size}: start the trainer with {self.state.ranks} rank(s)"
+            )
 
     @property
     def version(self) -> int:
@@ -219,7 +229,7 @@ class Trainer:
             trained[self.state.version] = [*trained.get(self.state.version, []), *trained_ids]
         return TrainerState(
             run=self.settings.run, step=self.state.step + 1, version=version, trained=trained,
-            weights_step=weights_step, digest=digest,
+            weights_step=weights_step, digest=digest, ranks=self.engine.ranks.size,
         )  # fmt: skip
 
     def _commit(self, staging: Path, state: TrainerState) -> Path:
