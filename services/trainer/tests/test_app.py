@@ -45,3 +45,19 @@ def test_sub_settings_validate_when_built_directly():
     with pytest.raises(SettingsError, match=r"limits\.max_seq_len"):
         SampleLimits(max_prompt_len=10, max_seq_len=5)
     assert TrainerSettings(run="r", model_dir="m").limits == SampleLimits()
+
+
+def test_rows_longer_than_a_micro_batch_are_refused_at_start_naming_both(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("HRL_TRAINER_ENGINE", '{"max_tokens_per_micro_batch": 32768}')
+    code = app.main(["--run", "r", "--model-dir", "m"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "limits.max_seq_len: 65536 must not exceed engine.max_tokens_per_micro_batch (32768)" in err
+
+
+def test_defaults_fit_coding_agents():
+    settings = TrainerSettings(run="r", model_dir="m")
+    assert settings.limits.max_seq_len >= 65536 > 32768 and settings.limits.max_prompt_len >= 32768
+    assert settings.engine.temperature is None  # the run's own sampling temperature

@@ -12,7 +12,7 @@ from harnessrl.benchmarks.trainer import demo_batch
 from harnessrl.trainer.checkpoint import STATE_FILE
 from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.errors import TrainerError
-from harnessrl.trainer.settings import TrainerSettings
+from harnessrl.trainer.settings import EngineSettings, TrainerSettings
 from harnessrl.trainer.training import Trainer
 
 
@@ -104,3 +104,38 @@ def test_a_run_resumes_only_on_the_rank_count_it_was_checkpointed_with(
     state_file.write_bytes(msgspec.json.encode({**state, "ranks": 2}))  # as if written by 2 ranks
     with pytest.raises(TrainerError, match="checkpointed on 2 rank"):
         Trainer(settings, engine=policy_engine)
+
+
+def test_the_step_trains_at_the_temperature_its_rows_were_sampled_at(
+    policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+) -> None:
+    batch = demo_batch("temp", random.Random(9), groups=1, size=4, version=0)
+    for item in batch:
+        for row in item.rows:
+            row.temperature = 0.7
+    seen: list[float] = []
+    trainer = Trainer(
+        TrainerSettings(run="temp", model_dir=str(tiny_model), checkpoint_dir=str(tmp_path / "a")),
+        engine=policy_engine,
+    )
+    original = policy_engine.train
+
+    def spy(rows_batch, *, step):  # the engine's own train, recording the temperature it got
+        seen.append(rows_batch.temperature)
+        return original(rows_batch, step=step)
+
+    policy_engine.train = spy  # type: ignore[method-assign]
+    try:
+        assert trainer.step(batch).trained
+        fixed = TrainerSettings(
+            run="temp", model_dir=str(tiny_model), checkpoint_dir=str(tmp_path / "b"),
+            engine=EngineSettings(temperature=1.0),
+        )  # fmt: skip
+        again = demo_batch("temp", random.Random(10), groups=1, size=4, version=0)
+        for item in again:
+            for row in item.rows:
+                row.temperature = 0.7  # configured wins (build_rows would have masked such calls)
+        assert Trainer(fixed, engine=policy_engine).step(again).trained
+    finally:
+        del policy_engine.train
+    assert seen == [0.7, 1.0]
