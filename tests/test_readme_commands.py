@@ -263,6 +263,19 @@ def check_analytics(run: SectionRun) -> None:
     assert out[-1].startswith("multiply: "), out[-3:]
 
 
+def check_export(run: SectionRun) -> None:
+    """The export holds the run; DuckDB reports on it; tool calls and tokens per turn are counted."""
+    lines = json_lines(run.results[1].stdout)
+    rows = next(line for line in lines if "out" in line)["rows"]
+    assert rows["spans"] >= 64 and rows["rollouts"] >= 64 and rows["weights"] >= 1, rows
+    calls = [line for line in lines if line.get("query") == "calls" and line["run"] == "multiply"]
+    assert calls and calls[0]["episodes"] >= 64 and calls[0]["completion_tokens_per_call"] > 0, calls
+    assert any(line.get("query") == "steps" and line["step"] == 1 for line in lines)
+    assert any(line.get("query") == "sql" and line["kind"] == "completed" for line in lines)
+    summary = [line for line in lines if "tool_call_error_rate" in line][-1]
+    assert summary["episodes"] == 64 and summary["per_turn"][0]["completion_tokens"] > 0, summary
+
+
 def check_mini_swe_agent(run: SectionRun) -> None:
     """The task set is built; every episode completes with its patch graded SWE-bench style.
 
@@ -324,6 +337,9 @@ PROMISES = {
     ),
     "examples/analytics/README.md#tapping-the-event-stream": Promise(
         check=check_analytics, prepare=place_demo_warm
+    ),
+    "examples/analytics/README.md#exporting-the-streams-to-parquet-and-querying-them-with-duckdb": Promise(
+        check=check_export, prepare=place_demo_warm
     ),
     "examples/mini-swe-agent/README.md#training-the-unmodified-mini-swe-agent-on-tinyswe": Promise(
         check=check_mini_swe_agent,

@@ -247,6 +247,22 @@ class StepMetrics(Message, frozen=True, kw_only=True):
     at: float = msgspec.field(default_factory=now)
 
 
+class ServiceMetrics(Message, frozen=True, kw_only=True):
+    """One service process's Prometheus samples at `at` (`subjects.service_metrics(service)`).
+
+    Values are keyed as in the exposition format (`harnessrl_reward_gradings_total{outcome="graded"}`),
+    histogram buckets left out (their `_sum` and `_count` stay).
+    """
+
+    service: str
+    # The process (host, pid and a random part): summaries of one process share it.
+    instance: str
+    values: dict[str, float]
+    # The run the process serves, if it serves one (the trainer); empty otherwise.
+    run: str = ""
+    at: float = msgspec.field(default_factory=now)
+
+
 class RunStopped(Message, frozen=True, kw_only=True):
     """A run the controller stopped before its end, and why (published once per run).
 

@@ -16,6 +16,23 @@ _configured = False
 _PER_REQUEST_LOGGERS = ("httpx", "httpx2", "httpcore", "openai", "anthropic")
 
 
+class _CurrentStderr:
+    """`sys.stderr` as it is at each write, not as it was when logging was configured.
+
+    A process that swaps stderr later (pytest's capture, a redirect) keeps getting its logs, and
+    a stream closed since is never written to.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure_logging(
     style: Literal["json", "console"] = "json",
     level: str = "INFO",
@@ -27,11 +44,11 @@ def configure_logging(
     global _configured  # noqa: PLW0603 - process-wide logging is configured exactly once
     if _configured and not force:
         return
-    stream = stream or sys.stderr
+    out: TextIO = stream or _CurrentStderr()  # type: ignore[assignment]
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if style == "json"
-        else structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        else structlog.dev.ConsoleRenderer(colors=out.isatty())
     )
     structlog.configure(
         processors=[
@@ -42,10 +59,10 @@ def configure_logging(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=level.upper(), stream=stream, format="%(name)s %(message)s", force=force)
+    logging.basicConfig(level=level.upper(), stream=out, format="%(name)s %(message)s", force=force)
     threshold = logging.getLevelName(level.upper())
     for name in _PER_REQUEST_LOGGERS:  # shown when debugging
         logging.getLogger(name).setLevel(

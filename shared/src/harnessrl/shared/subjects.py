@@ -84,6 +84,15 @@ def metrics(run: str, source: str) -> str:
     return f"{PREFIX}.metrics.{token(run)}.{token(source)}"
 
 
+# The scope token of service summaries: not a valid run name, so never a run's metrics subject.
+SERVICE_SCOPE = "_service"
+
+
+def service_metrics(service: str) -> str:
+    """Where `service`'s processes publish their `ServiceMetrics` (`hrl.metrics._service.<service>`)."""
+    return metrics(SERVICE_SCOPE, service)
+
+
 def upstreams() -> str:
     """Subject where vLLM replicas register with the gateways."""
     return f"{PREFIX}.upstream"

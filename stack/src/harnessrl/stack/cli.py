@@ -24,7 +24,9 @@ from rich.table import Table
 
 from harnessrl.shared.bus import BusError
 from harnessrl.shared.log import configure_logging
+from harnessrl.shared.net import DEFAULT_NATS_URL
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
+from harnessrl.stack import replay, tail
 from harnessrl.stack.follow import RunProgress
 from harnessrl.stack.local import LocalStack, StackPorts
 from harnessrl.stack.natsserver import NatsServerError
@@ -166,6 +168,49 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export spans, episode events, rollouts, weights and metrics to Parquet; resumes where it stopped."""
+    from harnessrl.stack.export import ExportError, ExportOptions, run_export
+
+    given = {name: value for name, value in vars(args).items() if name in EXPORT_FLAGS}
+    started = time.monotonic()
+    try:
+        options = ExportOptions(out=Path(args.out), **given)
+        rows = run_export(options)
+    except (ExportError, BusError, OSError) as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        return 1
+    seconds = round(time.monotonic() - started, 2)
+    sys.stdout.write(json.dumps({"out": str(options.out), "rows": rows, "seconds": seconds}) + "\n")
+    return 0
+
+
+# `harnessrl export` flags that override an `ExportOptions` default (the one place that defines them).
+EXPORT_FLAGS = ("nats_url", "run", "batch", "flush_s", "until_idle_s")
+
+
+def add_export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`harnessrl export` and its flags; one not given keeps the `ExportOptions` default."""
+    export = sub.add_parser(
+        "export",
+        help="write the event streams to Parquet tables by run and day (resumable, exactly once)",
+        argument_default=argparse.SUPPRESS,
+    )
+    export.add_argument("--out", required=True, metavar="DIR", help="where the tables go")
+    export.add_argument("--run", help="export only this run (default: every run)")
+    export.add_argument("--nats-url", help=f"NATS URL (default {DEFAULT_NATS_URL})")
+    export.add_argument("--batch", type=positive_int, metavar="N", help="messages per commit")
+    export.add_argument("--flush-s", type=float, metavar="S", help="commit a partial batch after S seconds")
+    export.add_argument(
+        "--until-idle",
+        dest="until_idle_s",
+        type=float,
+        metavar="S",
+        help="exit once caught up: nothing new for S seconds (default: follow until Ctrl-C)",
+    )
+    export.set_defaults(func=cmd_export)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Show what a local `harnessrl up` runs."""
     states = read_state(home_dir(args.home))
@@ -252,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=15)
     demo.add_argument("--warm-steps", type=int, default=800)
     demo.set_defaults(func=cmd_demo)
+    add_export_parser(sub)
+    tail.register(sub)
+    replay.register(sub)
     for ep in sorted(entry_points(group="harnessrl.commands"), key=lambda e: e.name):
         ep.load()(sub)
     return parser

@@ -32,15 +32,20 @@ async def serve(settings: ControllerSettings, stop: asyncio.Event | None = None)
     """Connect, wait for the lease, then run the controller until `stop` (or SIGTERM/SIGINT).
 
     As a standby it waits without acting; losing the lease ends the process (`standby.py`).
+    Standby or active, it serves and summarises its metrics (`metrics_port`, `metrics_interval_s`).
     """
+    from harnessrl.controller.metrics import ControllerMetrics
     from harnessrl.controller.standby import ActiveStandby
     from harnessrl.shared.bus import NatsBus
+    from harnessrl.shared.metrics_export import exported
 
     bus = NatsBus(settings.nats_url, name="harnessrl-controller")
     await bus.connect()
     try:
         service = ActiveStandby(bus, settings)
-        await run_until_signalled(service, finished=service.wait(), stop=stop)
+        registry = ControllerMetrics(service).registry
+        async with exported(bus, registry, service="controller", settings=settings):
+            await run_until_signalled(service, finished=service.wait(), stop=stop)
     finally:
         await bus.close()
 

@@ -16,6 +16,7 @@ from harnessrl.controller.fail_fast import announce_stop
 from harnessrl.controller.launchers import Launcher, LaunchError
 from harnessrl.controller.launchers.kube import KubeLauncher, api_client
 from harnessrl.controller.launchers.local import LocalLauncher
+from harnessrl.controller.metrics import CountedLauncher, LaunchCounts
 from harnessrl.controller.records import RunRecord
 from harnessrl.controller.run_driver import RunDriver
 from harnessrl.controller.settings import ControllerSettings
@@ -75,6 +76,8 @@ class Controller:
         self.external = ExternalEpisodes(bus, settings, self.runs)
         # Submissions refused since this controller started, by run (shown by `run status`).
         self.refused: Counter[str] = Counter()
+        # Launches by launcher kind and outcome (`metrics.CountedLauncher` wraps every run's launcher).
+        self.launches: LaunchCounts = Counter()
         self._log = get_logger(__name__)
 
     @property
@@ -144,6 +147,7 @@ class Controller:
         # In a thread: the Kubernetes client's API classes take a second or more to build the first
         # time, long enough to starve the lease renewals of a short `lease_ttl_s`.
         launcher = await asyncio.to_thread(self._factory, record.spec, self._settings)
+        launcher = CountedLauncher(launcher, self.launches)
         driver = RunDriver(
             self._bus, self.store, record, tasks=tasks, launcher=launcher, settings=self._settings
         )

@@ -50,6 +50,13 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # over about 1.2 times this after the holder died (12 s by default, under the 15 s bound); a
     # holder cut off from the bus stops at two thirds of it, before anyone else may start.
     lease_ttl_s: float = 10.0
+    # Prometheus `/metrics` (`harnessrl.shared.metrics_export`), served by standbys too. Off (port 0)
+    # by default: an active and a standby controller may share one machine; a pod sets a port (and
+    # host 0.0.0.0) for its scraper.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
+    # A summary of the same metrics on `hrl.metrics._service.controller` this often (0: none).
+    metrics_interval_s: float = 60.0
     # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
@@ -62,6 +69,10 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError(f"lease_ttl_s must be >= {_MIN_LEASE_TTL_S}: a renewal takes a KV round trip")
         if self.lease_group and not _LEASE_GROUP.match(self.lease_group):
             raise SettingsError(f"lease_group {self.lease_group!r}: only letters, digits, '-' and '_'")
+        if not 0 <= self.metrics_port < 65536:
+            raise SettingsError(f"metrics_port must be in 0..65535 (got {self.metrics_port})")
+        if self.metrics_interval_s < 0:
+            raise SettingsError(f"metrics_interval_s must be >= 0 (got {self.metrics_interval_s})")
 
     @property
     def secret(self) -> bytes:

@@ -16,6 +16,7 @@ from harnessrl.reward.service import RewardService
 from harnessrl.reward.settings import RewardSettings, read_settings
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.metrics_export import exported
 from harnessrl.shared.process import run_until_signalled, service_main
 
 _log = get_logger(__name__)
@@ -26,13 +27,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=None, help="TOML file with a [reward] table")
 
 
-async def serve(settings: RewardSettings) -> None:
-    """Connect, ensure the streams, grade until SIGTERM/SIGINT, then close the bus."""
+async def serve(settings: RewardSettings, stop: asyncio.Event | None = None) -> None:
+    """Connect, ensure the streams, grade until `stop` (or SIGTERM/SIGINT), then close the bus.
+
+    Metrics are served and summarised meanwhile (`metrics_port`, `metrics_interval_s`).
+    """
     bus = NatsBus(settings.nats_url, name="harnessrl-reward")
     await bus.connect()
     try:
         await bus.ensure_streams()
-        await run_until_signalled(RewardService(bus, settings))
+        service = RewardService(bus, settings)
+        async with exported(bus, service.metrics.registry, service="reward", settings=settings):
+            await run_until_signalled(service, stop=stop)
         _log.info("reward.stopped")
     finally:
         await bus.close()

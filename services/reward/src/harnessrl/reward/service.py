@@ -19,6 +19,7 @@ import msgspec
 from harnessrl.reward.errors import ArtifactUnavailableError, BusUnavailableError, UnknownGraderError
 from harnessrl.reward.graders.base import Grade, GradingContext
 from harnessrl.reward.grading import build_grader, grading_context
+from harnessrl.reward.metrics import RewardMetrics
 from harnessrl.reward.settings import RewardSettings
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus, BusError, ConsumerSpec, Delivery, KeyValue, Subscription
@@ -68,6 +69,7 @@ class RewardService:
         self.republished = 0
         # Verdicts refused instead of published as a reward, by reason (e.g. a NaN reward).
         self.refused: Counter[str] = Counter()
+        self.metrics = RewardMetrics(self.refused)
         self._results: KeyValue | None = None
         self._subscriptions: list[Subscription] = []
 
@@ -101,11 +103,14 @@ class RewardService:
         if stored is not None:
             await self._publish(msgspec.msgpack.decode(stored.value, type=StoredResult))
             self.republished += 1
+            self.metrics.republished.inc()
             return
-        result = await self._grade_event(event)
+        with self.metrics.grading():
+            result = await self._grade_event(event)
         await self._results.put(key, msgspec.msgpack.encode(result))
         await self._publish(result)
         self.graded += 1
+        self.metrics.published(result.subject)
 
     async def _publish(self, result: StoredResult) -> None:
         try:
@@ -123,6 +128,7 @@ class RewardService:
             return _failed(event, "infra", str(exc))
         grade = await self._run_grader(event.task_spec, artifact, log)
         log.info("episode.graded", outcome=grade.outcome, reward=grade.reward, resolved=grade.resolved)
+        self.metrics.gradings.labels(grade.outcome).inc()
         if grade.scored and not math.isfinite(grade.reward):
             # A NaN or infinite reward would poison its group's baseline: the episode fails instead.
             self.refused["non_finite_reward"] += 1

@@ -64,6 +64,12 @@ class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
     partial_credit: bool = False
     sandbox: Literal["local", "kubernetes"] = "local"
     namespace: str = "default"
+    # Prometheus `/metrics` (`harnessrl.shared.metrics_export`). Off (port 0) by default: workers
+    # of a local stack share one machine; a pod sets a port (and host 0.0.0.0) for its scraper.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
+    # A summary of the same metrics on `hrl.metrics._service.reward` this often (0: none).
+    metrics_interval_s: float = 60.0
     # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
@@ -72,6 +78,10 @@ class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
         """Reject values no worker could run with, naming the field."""
         if self.concurrency < 1:
             raise SettingsError(f"concurrency must be >= 1 (got {self.concurrency})")
+        if not 0 <= self.metrics_port < 65536:
+            raise SettingsError(f"metrics_port must be in 0..65535 (got {self.metrics_port})")
+        if self.metrics_interval_s < 0:
+            raise SettingsError(f"metrics_interval_s must be >= 0 (got {self.metrics_interval_s})")
         for name in ("grade_timeout_s", "test_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0 (got {getattr(self, name)})")

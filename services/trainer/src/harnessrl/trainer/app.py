@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.metrics_export import exported
 from harnessrl.shared.process import run_until_signalled, service_main
 from harnessrl.trainer.settings import TrainerSettings, read_settings
 
@@ -98,7 +99,8 @@ def follow(settings: TrainerSettings) -> None:
 async def serve(settings: TrainerSettings) -> None:
     """Connect the bus, build the service and run it until signalled or finished.
 
-    Once the service has stopped, the other ranks (if any) are stopped too.
+    Once the service has stopped, the other ranks (if any) are stopped too. Meanwhile its metrics
+    are served and summarised (`metrics_port`, `metrics_interval_s`).
     """
     bus = NatsBus(settings.nats_url)
     await bus.connect()
@@ -106,7 +108,10 @@ async def serve(settings: TrainerSettings) -> None:
         await bus.ensure_streams()
         service = await build_service(settings, bus)
         try:
-            await run_until_signalled(service, finished=service.wait())
+            async with exported(
+                bus, service.prometheus.registry, service="trainer", settings=settings, run=settings.run
+            ):
+                await run_until_signalled(service, finished=service.wait())
         finally:
             service.trainer.engine.stop_followers()
             log.info("trainer.stopped", run=settings.run, version=service.trainer.version)

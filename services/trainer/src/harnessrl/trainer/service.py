@@ -32,6 +32,7 @@ from harnessrl.trainer.advantages import AssembledRollout
 from harnessrl.trainer.assembly import RolloutPool
 from harnessrl.trainer.errors import RolloutNotSettled
 from harnessrl.trainer.metrics import MetricsSink
+from harnessrl.trainer.prometheus import TrainerMetrics
 from harnessrl.trainer.samples import TrainingRow
 from harnessrl.trainer.training import StepResult, Trainer
 from harnessrl.trainer.weight_sync import SyncResult, WeightSyncer
@@ -53,6 +54,8 @@ class TrainerService:
         self.pool = RolloutPool(
             self.settings.pool, self.settings.limits, temperature=self.settings.engine.temperature
         )
+        # Prometheus metrics (`app.serve` serves them); StepMetrics stay the per-step record.
+        self.prometheus = TrainerMetrics(self.pool, trainer)
         # Rollouts whose spans failed to decode, with the tries so far (bounded: decode_attempts).
         self._decode_failures: dict[str, int] = {}
         self.steps_done = asyncio.Event()
@@ -175,9 +178,11 @@ class TrainerService:
         reports = {key: report for key, report in found.items() if report is not None}
         self._in_step = {item.rollout_id for item in batch}
         try:
-            result = await asyncio.to_thread(self.trainer.step, batch, reports)
+            with self.prometheus.step_duration.time():
+                result = await asyncio.to_thread(self.trainer.step, batch, reports)
         finally:
             self._in_step = set()
+        self.prometheus.observe_step(result)
         await self._after_step(result)
 
     def _done(self) -> bool:
@@ -233,7 +238,10 @@ class TrainerService:
     async def _sync_replicas(self) -> SyncResult:
         version = self.trainer.version
         hf_dir = self.trainer.hf_dir()
-        return await self.sync.sync(hf_dir, version, self._trainer_probe)
+        with self.prometheus.sync_duration.time():
+            synced = await self.sync.sync(hf_dir, version, self._trainer_probe)
+        self.prometheus.observe_sync(synced)
+        return synced
 
     async def _trainer_probe(self, token_ids: Sequence[int]) -> list[float]:
         row = TrainingRow(

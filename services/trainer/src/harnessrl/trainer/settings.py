@@ -174,6 +174,12 @@ class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # verl tracking back-ends besides console/TensorBoard, e.g. ["wandb"] or ["mlflow"].
     trackers: list[str] = msgspec.field(default_factory=list)
     max_steps: int = 0
+    # Prometheus `/metrics` of rank 0 (`harnessrl.shared.metrics_export`). Off (port 0) by default:
+    # a local stack runs a trainer per run on one machine; a pod sets a port (and host 0.0.0.0).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
+    # A summary of the same metrics on `hrl.metrics._service.trainer` this often (0: none).
+    metrics_interval_s: float = 60.0
     # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
@@ -195,10 +201,12 @@ class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
         _require(self.ack_recheck_s > 0, "ack_recheck_s", "must be positive")
         _require(self.ack_wait_s > 0, "ack_wait_s", "must be positive")
         _require(self.decode_attempts >= 1, "decode_attempts", "must be at least 1")
+        _require(0 <= self.metrics_port < 65536, "metrics_port", "must be in 0..65535")
+        _require(self.metrics_interval_s >= 0, "metrics_interval_s", "must not be negative")
         _require(
             self.limits.max_seq_len <= self.engine.max_tokens_per_micro_batch,
             "limits.max_seq_len",
-            f"({self.limits.max_seq_len}) must not exceed engine.max_tokens_per_micro_batch"
+            f"{self.limits.max_seq_len} must not exceed engine.max_tokens_per_micro_batch"
             f" ({self.engine.max_tokens_per_micro_batch}): a row must fit in one micro-batch",
         )
         _require(

@@ -1,0 +1,215 @@
+"""How a service exports its Prometheus metrics: `/metrics` over HTTP, and a summary on METRICS.
+
+One shape for the controller, the reward workers and the trainer (the gateway serves `/metrics`
+on its own HTTP port): each keeps its metrics in its own `CollectorRegistry`, and its `app.serve`
+runs the service inside `exported(...)`, which serves that registry on `metrics_host:metrics_port`
+(0: no endpoint) and publishes a `ServiceMetrics` summary of it every `metrics_interval_s`
+(0: none).
+
+Names follow Prometheus' conventions: `harnessrl_<service>_<thing>_<unit>`, counters end in
+`_total`, base units (seconds, bytes). Labels are bounded (a run, a phase, a reason), never an
+episode id.
+
+Summaries go to `hrl.metrics._service.<service>` (stream METRICS). `_service` is a scope no run
+can have (run names are lower-case letters, digits and '-'), so a summary never shares a subject
+with a run's `StepMetrics` (`hrl.metrics.<run>.trainer`); read every service's summaries with the
+filter `hrl.metrics._service.>`. A summary's values are the registry's samples keyed as in the
+exposition format (`harnessrl_reward_gradings_total{outcome="graded"}`), histogram buckets left
+out (their `_sum` and `_count` stay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import Bus, BusError
+from harnessrl.shared.contracts import ServiceMetrics
+from harnessrl.shared.log import get_logger
+
+# A scraper that sends no request head within this long is disconnected.
+_REQUEST_TIMEOUT_S = 10.0
+_SKIPPED_SAMPLES = ("_bucket", "_created")
+# The text format every Prometheus reads (what `generate_latest` writes; the gateway serves it too).
+_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+_log = get_logger(__name__)
+
+
+class MetricsSettings(Protocol):
+    """What `exported` reads of a service's settings."""
+
+    @property
+    def metrics_host(self) -> str:
+        """The address `/metrics` listens on."""
+
+    @property
+    def metrics_port(self) -> int:
+        """The port `/metrics` listens on (0: no endpoint)."""
+
+    @property
+    def metrics_interval_s(self) -> float:
+        """Seconds between two summaries on METRICS (0: none)."""
+
+
+def sample_values(registry: CollectorRegistry) -> dict[str, float]:
+    """Every sample of `registry` but histogram buckets and creation times, keyed `name{labels}`."""
+    values: dict[str, float] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name.endswith(_SKIPPED_SAMPLES):
+                continue
+            labels = ",".join(f'{name}="{value}"' for name, value in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
+    return values
+
+
+class MetricsEndpoint:
+    """`GET /metrics` of one registry, answered on the service's own event loop.
+
+    On the loop rather than on prometheus_client's server thread, so collectors that read the
+    service's state read it between two of its awaits, never while it changes.
+    """
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self._registry, self._host, self._port = registry, host, port
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the one chosen when asked for port 0)."""
+        if self._server is None:
+            return self._port
+        return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        """The endpoint's URL."""
+        return f"http://{self._host}:{self.port}/metrics"
+
+    async def start(self) -> None:
+        """Listen (an address in use fails here, at start-up)."""
+        self._server = await asyncio.start_server(self._answer, self._host, self._port)
+
+    async def stop(self) -> None:
+        """Stop listening."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(_REQUEST_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+            writer.write(self._response(head))
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    def _response(self, head: bytes) -> bytes:
+        """The whole HTTP/1.1 response to a request head (the connection closes after it)."""
+        method, _, rest = head.partition(b" ")
+        path = rest.partition(b" ")[0].partition(b"?")[0]
+        if path != b"/metrics":
+            return _http(404, b"Not Found", b"text/plain", b"not found: only /metrics is served\n")
+        if method != b"GET":
+            return _http(405, b"Method Not Allowed", b"text/plain", b"GET /metrics\n")
+        return _http(200, b"OK", _CONTENT_TYPE, generate_latest(self._registry))
+
+
+def _http(status: int, reason: bytes, content_type: bytes, body: bytes) -> bytes:
+    lines = (
+        b"HTTP/1.1 %d %s" % (status, reason),
+        b"Content-Type: " + content_type,
+        b"Content-Length: %d" % len(body),
+        b"Connection: close",
+    )
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+class SummaryPublisher:
+    """Publishes a `ServiceMetrics` summary of one registry every `interval_s` (0: never).
+
+    A summary that cannot be published is logged and skipped: metrics never stop a service.
+    """
+
+    def __init__(
+        self, bus: Bus, registry: CollectorRegistry, *, service: str, interval_s: float, run: str = ""
+    ) -> None:
+        self._bus, self._registry = bus, registry
+        self.service, self.interval_s, self.run = service, interval_s, run
+        self.instance = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self._sent = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Begin publishing in the background."""
+        if self.interval_s > 0:
+            self._task = asyncio.create_task(self._publish_every(), name=f"{self.service}-metrics-summary")
+
+    async def stop(self) -> None:
+        """Stop publishing."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def publish(self) -> ServiceMetrics:
+        """Publish one summary now."""
+        self._sent += 1
+        summary = ServiceMetrics(
+            service=self.service, instance=self.instance, run=self.run, values=sample_values(self._registry)
+        )
+        try:
+            await self._bus.publish(
+                subjects.service_metrics(self.service),
+                summary,
+                msg_id=f"{self.service}:{self.instance}:{self._sent}",
+                budget_s=max(self.interval_s, 1.0),
+            )
+        except BusError as exc:
+            _log.warning("metrics.summary_failed", service=self.service, error=str(exc))
+        return summary
+
+    async def _publish_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.publish()
+
+
+@contextlib.asynccontextmanager
+async def exported(
+    bus: Bus, registry: CollectorRegistry, *, service: str, settings: MetricsSettings, run: str = ""
+) -> AsyncIterator[MetricsEndpoint | None]:
+    """Serve `registry` on `/metrics` and summarise it on METRICS while the block runs.
+
+    Yields the endpoint (None when `metrics_port` is 0).
+    """
+    endpoint = None
+    if settings.metrics_port:
+        endpoint = MetricsEndpoint(registry, settings.metrics_host, settings.metrics_port)
+        await endpoint.start()
+        _log.info("metrics.serving", service=service, url=endpoint.url)
+    summaries = SummaryPublisher(
+        bus, registry, service=service, interval_s=settings.metrics_interval_s, run=run
+    )
+    await summaries.start()
+    try:
+        yield endpoint
+    finally:
+        await summaries.stop()
+        if endpoint is not None:
+            await endpoint.stop()
