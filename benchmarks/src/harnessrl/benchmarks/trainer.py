@@ -37,10 +37,10 @@ from harnessrl.stack.demo.tiny_model import cached_tiny_model
 from harnessrl.testkit.span_sequences import agent_episode, coding_episode, record_group
 from harnessrl.trainer.advantages import AssembledRollout, split_stale
 from harnessrl.trainer.engine import PolicyEngine
-from harnessrl.trainer.samples import TrainingRow, build_rows
+from harnessrl.trainer.samples import build_rows
 from harnessrl.trainer.settings import EngineSettings, LossSettings, TrainerSettings
 from harnessrl.trainer.training import Trainer
-from harnessrl.trainer.weight_sync import ProbeHistory, judge_probe
+from harnessrl.trainer.weight_sync import ProbeHistory, judge_probe, probe_row
 
 STALENESS = 2
 
@@ -186,10 +186,7 @@ def bench_probe(engine: PolicyEngine, root: Path) -> dict[str, float]:
     """Whether the sync probe fails the previous version after one ordinary step (and passes the new)."""
     trainer = make_trainer(engine, root, "probe", "sync")
     settings = trainer.settings
-    probe = TrainingRow(
-        rollout_id="probe", input_ids=list(settings.probe_token_ids), prompt_len=1,
-        loss_mask=[], logprobs=[], versions=[],
-    )  # fmt: skip
+    probe = probe_row(settings.probe_token_ids)
     history = ProbeHistory()
     before = engine.row_logprobs([probe])[0]
     history.reference(0, before)

@@ -33,9 +33,8 @@ from harnessrl.trainer.assembly import RolloutPool
 from harnessrl.trainer.errors import RolloutNotSettled
 from harnessrl.trainer.metrics import MetricsSink
 from harnessrl.trainer.prometheus import TrainerMetrics
-from harnessrl.trainer.samples import TrainingRow
 from harnessrl.trainer.training import StepResult, Trainer
-from harnessrl.trainer.weight_sync import SyncResult, WeightSyncer
+from harnessrl.trainer.weight_sync import SyncResult, WeightSyncer, probe_row
 
 log = get_logger(__name__)
 
@@ -244,14 +243,7 @@ class TrainerService:
         return synced
 
     async def _trainer_probe(self, token_ids: Sequence[int]) -> list[float]:
-        row = TrainingRow(
-            rollout_id="probe",
-            input_ids=list(token_ids),
-            prompt_len=1,
-            loss_mask=[1] * (len(token_ids) - 1),
-            logprobs=[0.0] * (len(token_ids) - 1),
-            versions=[0] * (len(token_ids) - 1),
-        )
+        row = probe_row(token_ids)
         logprobs = await asyncio.to_thread(self.trainer.engine.row_logprobs, [row])
         return logprobs[0]
 

@@ -52,6 +52,7 @@ from harnessrl.shared.ids import new_id
 from harnessrl.shared.log import get_logger
 from harnessrl.trainer.errors import ReplicaError, WeightSyncError
 from harnessrl.trainer.replica import VllmReplica
+from harnessrl.trainer.samples import TrainingRow
 
 log = get_logger(__name__)
 TrainerProbe = Callable[[Sequence[int]], Awaitable[list[float]]]
@@ -115,6 +116,15 @@ class ProbeVerdict(msgspec.Struct, frozen=True, kw_only=True):
     passed: bool
     gap: float
     reason: str = ""
+
+
+def probe_row(token_ids: Sequence[int]) -> TrainingRow:
+    """The probe sequence as a row whose logprobs the trainer reads (every token after the first)."""
+    count = len(token_ids) - 1
+    return TrainingRow(
+        rollout_id="probe", input_ids=list(token_ids), prompt_len=1,
+        loss_mask=[1] * count, logprobs=[0.0] * count, versions=[0] * count,
+    )  # fmt: skip
 
 
 def judge_probe(served: Sequence[float], reference: ProbeReference, tolerance: float) -> ProbeVerdict:
