@@ -14,11 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import pytest
 
 from harnessrl.controller.lease import LeaseRecord, lease_key
-from harnessrl.controller.settings import ControllerSettings
-from harnessrl.controller.standby import EXIT_LEASE_LOST, ActiveStandby
+from harnessrl.controller.standby import EXIT_LEASE_LOST
 from harnessrl.shared import control_api, subjects
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import RolloutComplete, decode, decode_event
@@ -221,47 +219,32 @@ async def test_a_controller_whose_lease_is_taken_exits_at_its_next_renewal(
     assert "lease.lost" in log.read_text()
 
 
-@pytest.fixture
-async def second_bus(nats_server: Any) -> Any:
-    other = NatsBus(nats_server.url, name="second-controller")
-    await other.connect()
-    yield other
-    await other.close()
-
-
 async def test_a_stopped_controller_hands_the_lease_to_its_standby_at_once(
-    bus: NatsBus, second_bus: NatsBus, tmp_path: Path
+    bus: NatsBus, nats_server: Any, tmp_path: Path
 ) -> None:
     run = unique("handover")
-    settings = ControllerSettings(
-        key_secret=SECRET, state_dir=str(tmp_path / "state"), runs=[run], lease_ttl_s=5.0
-    )
-    lost: list[str] = []
-    first = ActiveStandby(bus, settings, on_lost=lost.append)
-    second = ActiveStandby(second_bus, settings, on_lost=lost.append)
-    running = [first, second]
+    sink = ArtifactSink(bus, SECRET.encode())
+    await sink.start()
+    ttl = 5.0
+    env = controller_env(nats_server.url, sink, tmp_path, run, lease_ttl_s=str(ttl))
+    active_log, standby_log = tmp_path / "active.log", tmp_path / "standby.log"
+    active = await start_controller(env, active_log)
+    standby: asyncio.subprocess.Process | None = None
     try:
-        await first.start()
-        async with asyncio.timeout(30):
-            while first.controller is None:
-                await asyncio.sleep(0.05)
-        await second.start()
-        assert second.lease is not None and first.lease is not None
-        async with asyncio.timeout(30):
-            while second.lease.other != first.lease.holder:
-                await asyncio.sleep(0.05)
-        assert second.controller is None  # a standby builds nothing, serves nothing
+        await ask(bus, "status", {})
+        standby = await start_controller(env, standby_log)
+        await wait_for_line(standby_log, "controller.standby")
+        assert "controller.ready" not in standby_log.read_text()  # a standby serves nothing
+        active.send_signal(signal.SIGTERM)  # a stop: the controller stops, then hands the lease back
         stopped_at = time.monotonic()
-        async with asyncio.timeout(30):
-            await first.stop()
-        running.remove(first)
-        async with asyncio.timeout(5):
-            while second.controller is None:
-                await asyncio.sleep(0.02)
+        assert await active.wait() == 0
+        await wait_for_line(standby_log, "controller.ready", timeout_s=ttl)
         handover_s = time.monotonic() - stopped_at
     finally:
-        # Stopped whatever happened: a contender left running would outlive the test.
-        async with asyncio.timeout(30):
-            await asyncio.gather(*(contender.stop() for contender in running))
-    assert handover_s < 1.0  # the next poll (a tenth of the TTL), not the TTL
-    assert not lost
+        for process in (active, standby):
+            if process is not None and process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+                await process.wait()
+        await sink.stop()
+    assert "lease.released" in active_log.read_text()
+    assert handover_s < ttl / 2  # the standby's next poll (a tenth of the TTL), not a TTL later
