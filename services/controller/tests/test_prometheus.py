@@ -5,55 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import urllib.request
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from harnessrl.controller import app
 from harnessrl.controller.lease import lease_key
 from harnessrl.controller.settings import ControllerSettings
-from harnessrl.shared import control_api, subjects
-from harnessrl.shared.bus import BusError, NatsBus
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import ServiceMetrics
 from harnessrl.shared.net import free_port
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.testkit.artifact_sink import ArtifactSink
+from harnessrl.testkit.controller_client import ask
+from harnessrl.testkit.prometheus import scrape
 from harnessrl.testkit.reward_stub import StubReward
 
 SECRET = "prometheus-test-secret"
 # `add` answers (and is scored), `mul` fails as an agent error.
 HARNESS = 'case "$HARNESSRL_TASK" in *2+2*) echo 4 > answer.txt;; *) exit 3;; esac'
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-async def scrape(url: str) -> Samples:
-    """Every sample `url` serves, keyed by name and sorted labels (fetched off the event loop)."""
-
-    def fetch() -> str:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return str(response.read().decode())
-
-    text = await asyncio.to_thread(fetch)
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-async def ask(bus: NatsBus, verb: str, payload: dict[str, object]) -> dict[str, object]:
-    """The controller's reply, retried while no controller serves the control API yet."""
-    async with asyncio.timeout(30):
-        while True:
-            try:
-                raw = await bus.request(control_api.subject(verb), json.dumps(payload).encode(), timeout=5)
-            except BusError:
-                await asyncio.sleep(0.1)
-                continue
-            reply: dict[str, object] = json.loads(raw)
-            return reply
 
 
 def write_tasks(tmp_path: Path) -> Path:

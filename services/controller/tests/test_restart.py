@@ -6,46 +6,22 @@ import asyncio
 import json
 import os
 import signal
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from harnessrl.shared import control_api, subjects
-from harnessrl.shared.bus import BusError, NatsBus
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import RolloutComplete, decode, decode_event
 from harnessrl.testkit.artifact_sink import ArtifactSink
+from harnessrl.testkit.controller_client import ask, completed, start_controller
 from harnessrl.testkit.fake_kube import FakeKubeServer
 from harnessrl.testkit.reward_stub import StubReward
 
 SECRET = "restart-test-secret"
 GROUPS, GROUP_SIZE = 6, 3
-
-
-async def start_controller(env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "harnessrl.controller", env=env, stdout=out, stderr=out
-        )
-
-
-async def ask(bus: NatsBus, verb: str, payload: dict[str, Any]) -> dict[str, Any]:
-    async with asyncio.timeout(60):
-        while True:
-            try:
-                reply: dict[str, Any] = json.loads(
-                    await bus.request(control_api.subject(verb), json.dumps(payload).encode(), timeout=5)
-                )
-                return reply
-            except BusError:
-                await asyncio.sleep(0.2)
-
-
-async def completed(bus: NatsBus, run: str) -> int:
-    found = await bus.replay(subjects.EPISODES.name, subjects.episode_events_of_run(run, "completed"))
-    return len(found)
 
 
 async def test_kill_9_and_restart_mid_run(bus: NatsBus, nats_server: Any, tmp_path: Path) -> None:

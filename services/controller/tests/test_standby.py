@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,11 +16,12 @@ import msgspec
 
 from harnessrl.controller.lease import LeaseRecord, lease_key
 from harnessrl.controller.standby import EXIT_LEASE_LOST
-from harnessrl.shared import control_api, subjects
-from harnessrl.shared.bus import BusError, NatsBus
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import RolloutComplete, decode, decode_event
 from harnessrl.testkit import kube_jobs
 from harnessrl.testkit.artifact_sink import ArtifactSink
+from harnessrl.testkit.controller_client import ask, completed, start_controller
 from harnessrl.testkit.fake_kube import FakeKubeServer
 from harnessrl.testkit.reward_stub import StubReward
 
@@ -33,30 +33,6 @@ TAKEOVER_BOUND_S = 15.0
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{os.urandom(3).hex()}"
-
-
-async def start_controller(env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
-    with log.open("ab") as out:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "harnessrl.controller", env=env, stdout=out, stderr=out
-        )
-
-
-async def answers(bus: NatsBus, verb: str, payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The controller's reply, or None while no controller serves the control API."""
-    try:
-        raw = await bus.request(control_api.subject(verb), json.dumps(payload).encode(), timeout=5)
-    except BusError:
-        return None
-    reply: dict[str, Any] = json.loads(raw)
-    return reply
-
-
-async def ask(bus: NatsBus, verb: str, payload: dict[str, Any], timeout_s: float = 60) -> dict[str, Any]:
-    async with asyncio.timeout(timeout_s):
-        while (reply := await answers(bus, verb, payload)) is None:
-            await asyncio.sleep(0.1)
-        return reply
 
 
 async def wait_for_line(log: Path, text: str, timeout_s: float = 30) -> None:
@@ -90,10 +66,6 @@ async def jobs_keep_running(kube: FakeKubeServer) -> bool:
         return False
     await asyncio.sleep(kube.api.auto_delay_s + 0.5)  # Jobs created before then have ended by now
     return bool(running_jobs(kube))
-
-
-async def completed(bus: NatsBus, run: str) -> int:
-    return len(await bus.replay(subjects.EPISODES.name, subjects.episode_events_of_run(run, "completed")))
 
 
 def write_tasks(tmp_path: Path) -> Path:

@@ -7,7 +7,6 @@ import urllib.request
 import uuid
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from harnessrl.reward import app
 from harnessrl.reward import service as reward_service
@@ -18,28 +17,11 @@ from harnessrl.shared.bus import Bus
 from harnessrl.shared.contracts import AgentExited, ArtifactRef, ServiceMetrics, TaskSpec
 from harnessrl.shared.net import free_port
 from harnessrl.stack.natsserver import NatsServer
+from harnessrl.testkit.prometheus import scrape
 
 NUMERIC = TaskSpec(task_id="mul-17-24", kind="qa", prompt="What is 17*24?", answer="408", grader="numeric")
 NAN = TaskSpec(task_id="nan", kind="qa", answer="1", grader="nan")
 UNKNOWN = TaskSpec(task_id="odd", kind="qa", answer="1", grader="no-such-grader")
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-async def scrape(url: str) -> Samples:
-    """Every sample `url` serves, keyed by name and sorted labels (fetched off the event loop)."""
-
-    def fetch() -> str:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-            return str(response.read().decode())
-
-    text = await asyncio.to_thread(fetch)
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 class _NanGrader:

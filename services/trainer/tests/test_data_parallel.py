@@ -260,6 +260,7 @@ async def test_the_service_trains_on_two_ranks_stops_on_sigterm_and_resumes(
 
 
 FAILING_LEADER = """
+import contextlib
 import sys
 import torch.distributed as dist
 from harnessrl.trainer.ranks import RankChannel, RankError, ensure_process_group
@@ -269,14 +270,12 @@ channel = RankChannel()
 if not channel.leads:
     channel.follow({"boom": lambda _share: dist.barrier()})  # a collective rank 0 never joins
     sys.exit(0)
-try:
+with contextlib.suppress(ValueError):
     with channel.command("boom", [None, None]):
         raise ValueError("rank 0 failed after sending")
-except ValueError:
-    pass
 try:
     with channel.command("next", [None, None]):
-        pass
+        print("next command sent", flush=True)  # must not happen: the group is broken
 except RankError as exc:
     print("refused:", exc, flush=True)
 channel.stop()  # sends nothing: the follower is not listening
@@ -292,4 +291,5 @@ def test_a_leader_that_fails_mid_command_refuses_more_and_exits_without_hanging(
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0
     assert "refused: next: 'boom' failed on rank 0 while the other ranks ran it" in done.stdout
+    assert "next command sent" not in done.stdout
     assert "leader exits" in done.stdout

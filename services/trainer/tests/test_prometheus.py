@@ -2,10 +2,7 @@
 
 import asyncio
 import random
-import urllib.request
 from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus
@@ -13,6 +10,7 @@ from harnessrl.shared.contracts import ServiceMetrics
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.metrics_export import exported
 from harnessrl.shared.net import free_port
+from harnessrl.testkit.prometheus import scrape
 from harnessrl.testkit.span_sequences import publish_episodes, record_group
 from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.metrics import MetricsSink
@@ -20,23 +18,6 @@ from harnessrl.trainer.service import TrainerService
 from harnessrl.trainer.settings import PoolSettings, TrainerSettings
 from harnessrl.trainer.training import Trainer
 from harnessrl.trainer.weight_sync import ReplicaSync
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-async def scrape(url: str) -> Samples:
-    """Every sample `url` serves, keyed by name and sorted labels (fetched off the event loop)."""
-
-    def fetch() -> str:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return str(response.read().decode())
-
-    text = await asyncio.to_thread(fetch)
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 async def test_a_step_its_tokens_staleness_syncs_and_drops_are_served_and_summarised(

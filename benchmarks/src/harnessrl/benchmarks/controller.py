@@ -20,11 +20,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harnessrl.shared import control_api, subjects
-from harnessrl.shared.bus import BusError, NatsBus
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import decode_event
 from harnessrl.shared.net import free_port
 from harnessrl.stack.natsserver import NatsServer
+from harnessrl.testkit.controller_client import ask
 from harnessrl.testkit.reward_stub import StubReward
 
 EPISODES, GROUP_SIZE, CONCURRENCY = 1000, 8, 256
@@ -41,19 +42,6 @@ def _http(url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def _ask(bus: NatsBus, verb: str, payload: dict[str, Any]) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            raw = await bus.request(control_api.subject(verb), json.dumps(payload).encode(), timeout=10)
-            reply: dict[str, Any] = json.loads(raw)
-            return reply
-        except BusError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 async def _wait_http(url: str) -> None:
@@ -102,7 +90,7 @@ async def _measure(home: Path, nats: NatsServer) -> dict[str, Any]:
     reward = StubReward(bus, run)
     try:
         await reward.start()
-        await _ask(bus, "status", {})
+        await ask(bus, "status", {})
         cpu_before = _cpu_seconds(controller.pid)
         spec = {
             "run": run,
@@ -114,10 +102,10 @@ async def _measure(home: Path, nats: NatsServer) -> dict[str, Any]:
             "launcher": {"kind": "kubernetes", "command": ["true"], "image": "harness:bench"},
         }
         began = time.monotonic()
-        submitted = await _ask(bus, "submit", {"spec": spec})
+        submitted = await ask(bus, "submit", {"spec": spec})
         if not submitted.get("ok"):
             raise RuntimeError(submitted.get("error"))
-        while (status := await _ask(bus, "status", {"run": run}))["runs"][run]["state"] != "done":
+        while (status := await ask(bus, "status", {"run": run}))["runs"][run]["state"] != "done":
             sys.stderr.write(json.dumps(status["runs"][run]["phases"]) + "\n")
             await asyncio.sleep(1.0)
         elapsed = time.monotonic() - began

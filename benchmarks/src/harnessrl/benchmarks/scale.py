@@ -17,6 +17,7 @@ The last stdout line is one JSON object; the exit code is 1 when any correctness
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -39,8 +40,8 @@ from harnessrl.controller.lease import LeaseRecord, lease_key
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.gateway.settings import GatewaySettings
 from harnessrl.reward.settings import RewardSettings
-from harnessrl.shared import control_api, subjects
-from harnessrl.shared.bus import BusError, NatsBus
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.bus.nats.streams import REPLICAS_ENV
 from harnessrl.shared.contracts import (
     TERMINAL_KINDS,
@@ -55,6 +56,7 @@ from harnessrl.shared.keys import sign_episode_key
 from harnessrl.shared.net import free_port
 from harnessrl.stack.local import settings_env
 from harnessrl.stack.natsserver import NatsCluster
+from harnessrl.testkit.controller_client import ask
 
 SECRET = "bench-scale-secret"  # noqa: S105 - signs this loopback benchmark's episode keys
 RUN = "scale"
@@ -210,19 +212,6 @@ def _haproxy(procs: Processes, home: Path, gateways: list[int]) -> dict[str, str
     return urls
 
 
-async def _ask(bus: NatsBus, verb: str, payload: dict[str, Any], timeout_s: float = 120) -> dict[str, Any]:
-    """The active controller's reply (retried while none serves the control API)."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            try:
-                raw = await bus.request(control_api.subject(verb), json.dumps(payload).encode(), timeout=5)
-            except BusError:
-                await asyncio.sleep(0.1)
-                continue
-            reply: dict[str, Any] = json.loads(raw)
-            return reply
-
-
 def _logged(log: Path, text: str) -> bool:
     return log.exists() and text in log.read_text(errors="replace")
 
@@ -266,9 +255,9 @@ async def _episodes(deployment: Deployment) -> dict[str, Any]:
     try:
         deployment.start_controller()
         deployment.start_rewards()
-        await _ask(bus, "status", {})
+        await ask(bus, "status", {})
         await _wait_for_line(deployment.start_controller(), "controller.standby")
-        submitted = await _ask(bus, "submit", {"spec": _run_spec(deployment.home)})
+        submitted = await ask(bus, "submit", {"spec": _run_spec(deployment.home)})
         if not submitted.get("ok"):
             raise RuntimeError(f"run refused: {submitted.get('error')}")
         total = GROUPS * GROUP_SIZE
@@ -290,7 +279,7 @@ async def _episodes(deployment: Deployment) -> dict[str, Any]:
 async def _finished(bus: NatsBus) -> None:
     async with asyncio.timeout(300):
         while True:
-            if (await _ask(bus, "status", {"run": RUN}))["runs"][RUN]["state"] == "done":
+            if (await ask(bus, "status", {"run": RUN}))["runs"][RUN]["state"] == "done":
                 return
             await asyncio.sleep(0.5)
 
@@ -326,7 +315,7 @@ async def _fail_over(deployment: Deployment, bus: NatsBus) -> float:
     os.kill(active.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     active.wait()
-    await _ask(bus, "status", {"run": RUN}, timeout_s=60)
+    await ask(bus, "status", {"run": RUN}, timeout_s=60)
     failover_s = time.monotonic() - killed_at
     deployment.start_controller()
     return failover_s
@@ -427,15 +416,13 @@ async def _drive(url: str, keys: list[str], duration_s: float, into: LoadRun) ->
         async def worker(key: str) -> None:
             headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
             while time.perf_counter() < deadline:
-                try:
+                with contextlib.suppress(aiohttp.ClientError):  # a refused call counts as failed
                     async with http.post(url + CHAT, data=LOAD_BODY, headers=headers) as response:
                         await response.read()
                         if response.status == 200:
                             into.ok += 1
                             into.spans.append(response.headers.get(SPAN_HEADER, ""))
                             continue
-                except aiohttp.ClientError:
-                    pass
                 into.failed += 1
 
         started = time.perf_counter()

@@ -107,13 +107,14 @@ class MetricsEndpoint:
             self._server = None
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A scraper that hangs up, sends garbage or nothing at all just gets its connection closed.
+        dropped = (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError)
         try:
-            async with asyncio.timeout(_REQUEST_TIMEOUT_S):
-                head = await reader.readuntil(b"\r\n\r\n")
-            writer.write(self._response(head))
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            pass
+            with contextlib.suppress(*dropped):
+                async with asyncio.timeout(_REQUEST_TIMEOUT_S):
+                    head = await reader.readuntil(b"\r\n\r\n")
+                writer.write(self._response(head))
+                await writer.drain()
         finally:
             writer.close()
             with contextlib.suppress(ConnectionError):

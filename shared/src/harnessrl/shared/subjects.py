@@ -84,6 +84,11 @@ def metrics(run: str, source: str) -> str:
     return f"{PREFIX}.metrics.{token(run)}.{token(source)}"
 
 
+def metrics_of_run(run: str) -> str:
+    """Filter for every metrics source of a run (`hrl.metrics.<run>.*`)."""
+    return f"{PREFIX}.metrics.{token(run)}.*"
+
+
 # The scope token of service summaries: not a valid run name, so never a run's metrics subject.
 SERVICE_SCOPE = "_service"
 

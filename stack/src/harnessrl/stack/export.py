@@ -186,17 +186,12 @@ def table(name: str, stream: StreamSpec, contract: Any, of_run: Callable[[str], 
     )
 
 
-def _metrics_of_run(run: str) -> str:
-    """Filter for every metrics source of a run (`hrl.metrics.<run>.*`)."""
-    return f"{subjects.PREFIX}.metrics.{subjects.token(run)}.*"
-
-
 TABLES = (
     table("spans", subjects.SPANS, Span, subjects.spans_of_run),
     table("episodes", subjects.EPISODES, EpisodeEvent, subjects.episode_events_of_run),
     table("rollouts", subjects.ROLLOUTS, RolloutComplete, subjects.rollout),
     table("weights", subjects.WEIGHTS, WeightVersion, subjects.weights),
-    table("metrics", subjects.METRICS, StepMetrics, _metrics_of_run),
+    table("metrics", subjects.METRICS, StepMetrics, subjects.metrics_of_run),
 )
 
 
