@@ -26,3 +26,16 @@ if [ ! -x "$mswea/bin/mini" ]; then
   python3 -m venv "$mswea"
   "$mswea/bin/pip" install --quiet "mini-swe-agent==2.4.6"
 fi
+
+# Coding-agent CLIs from npm, pinned: each in its own prefix so a test runs exactly that version.
+npm_harness() {  # package version dir-name
+  local dir="$cache/harness-$3-$2"
+  if [ ! -e "$dir/.installed" ]; then
+    echo "installing $1@$2"
+    rm -rf "$dir" && mkdir -p "$dir"
+    npm install --silent --no-audit --no-fund --prefix "$dir" "$1@$2" >/dev/null
+    touch "$dir/.installed"
+  fi
+}
+npm_harness @anthropic-ai/claude-code 2.1.332 claude-code
+npm_harness @openai/codex 0.171.0 codex
