@@ -369,3 +369,39 @@ async def test_a_lost_race_names_the_messages_that_beat_it_oldest_first(any_bus:
     newer = [d.decode(WeightVersion).version for d in lost.value.newer]
     assert newer == list(range(10, 10 + len(newer))) and newer  # a prefix of what came after
     assert lost.value.complete == (len(newer) == 30)
+
+
+async def test_backlog_counts_what_a_consumer_has_not_received_and_not_settled(any_bus: Bus) -> None:
+    run = new_id("run")
+    release = asyncio.Event()
+    started: list[int] = []
+
+    async def slow(delivery: Delivery) -> None:
+        started.append(delivery.stream_seq)
+        await release.wait()
+
+    for version in range(1, 11):
+        await any_bus.publish(subjects.weights(run), weight(run, version), msg_id=f"{run}:{version}")
+    durable = f"lag-{run}"
+    spec = ConsumerSpec(
+        stream=subjects.WEIGHTS.name, filter_subject=subjects.weights(run), durable=durable, batch=1
+    )
+    sub = await any_bus.subscribe(spec, slow)
+    await eventually(lambda: len(started) == 1)
+    (backlog,) = [b for b in await any_bus.backlogs() if b.consumer == durable]
+    # One message in the handler; the rest wait (NATS counts a fetched batch as unacked).
+    assert backlog.pending + backlog.unacked >= 9 and backlog.pending <= 9
+    release.set()
+    await eventually(lambda: len(started) == 10)
+
+    async def drained() -> bool:
+        found = [b for b in await any_bus.backlogs() if b.consumer == durable]
+        return found[0].pending == 0 and found[0].unacked == 0
+
+    for _ in range(100):
+        if await drained():
+            break
+        await asyncio.sleep(0.05)
+    assert await drained()
+    await sub.stop()
+    assert not [b for b in await any_bus.backlogs() if b.consumer == durable]

@@ -18,8 +18,14 @@ import pytest
 
 from harnessrl.gateway.episodes import EpisodeCache
 from harnessrl.shared import subjects
-from harnessrl.shared.bus.base import Bus
-from harnessrl.shared.contracts import AgentExited, EpisodeScheduled, UpstreamRegistration, WeightVersion
+from harnessrl.shared.bus.base import Bus, ConsumerSpec, Delivery
+from harnessrl.shared.contracts import (
+    AgentExited,
+    EpisodeScheduled,
+    ServiceMetrics,
+    UpstreamRegistration,
+    WeightVersion,
+)
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.net import free_port
 from harnessrl.shared.subjects import ARTIFACTS_BUCKET
@@ -207,6 +213,40 @@ async def test_metrics_follow_prometheus_conventions(canned: CannedUpstream, bus
     ):
         assert name in text
     assert episode.episode not in text and episode.run not in text
+
+
+async def test_the_gateway_summarises_its_metrics_and_consumer_lag_on_the_bus(
+    canned: CannedUpstream, bus: Bus
+) -> None:
+    episode = KeyedEpisode()
+    seen: list[ServiceMetrics] = []
+
+    async def collect(delivery: Delivery) -> None:
+        seen.append(delivery.decode(ServiceMetrics))
+
+    spec = ConsumerSpec(
+        stream=subjects.METRICS.name, filter_subject=subjects.service_metrics("gateway"), deliver="new"
+    )
+    summaries = await bus.subscribe(spec, collect)
+    try:
+        async with serve_gateway(settings_for([canned.url], metrics_interval_s=0.2), bus) as gateway:
+            await _request("POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT)
+            async with asyncio.timeout(30):
+                while not any(_served(summary) for summary in seen):
+                    await asyncio.sleep(0.1)
+            _, text, _ = await _request("GET", gateway.url + "/metrics")
+    finally:
+        await summaries.stop()
+    summary = next(summary for summary in seen if _served(summary))
+    assert summary.service == "gateway" and summary.instance
+    lag = [key for key in summary.values if key.startswith("harnessrl_gateway_consumer_pending_messages{")]
+    assert f'consumer="{subjects.PREFIX}.episode.>"' in " ".join(lag), lag
+    assert "harnessrl_gateway_consumer_unacked_messages{" in text
+
+
+def _served(summary: ServiceMetrics) -> bool:
+    answered = 'harnessrl_gateway_requests_total{code="200",route="/v1/chat/completions"}'
+    return summary.values.get(answered) == 1.0
 
 
 async def test_artifact_upload(canned: CannedUpstream, bus: Bus) -> None:

@@ -16,6 +16,10 @@ with a run's `StepMetrics` (`hrl.metrics.<run>.trainer`); read every service's s
 filter `hrl.metrics._service.>`. A summary's values are the registry's samples keyed as in the
 exposition format (`harnessrl_reward_gradings_total{outcome="graded"}`), histogram buckets left
 out (their `_sum` and `_count` stay).
+
+Every service also reports the lag of each stream consumer it runs, refreshed every few seconds:
+`harnessrl_<service>_consumer_pending_messages{consumer}` (stored, not delivered yet) and
+`harnessrl_<service>_consumer_unacked_messages{consumer}` (delivered, not settled yet).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus, BusError
@@ -38,6 +42,8 @@ from harnessrl.shared.log import get_logger
 # A scraper that sends no request head within this long is disconnected.
 _REQUEST_TIMEOUT_S = 10.0
 _SKIPPED_SAMPLES = ("_bucket", "_created")
+# Seconds between two refreshes of the consumer-lag gauges.
+LAG_REFRESH_S = 5.0
 # The text format every Prometheus reads (what `generate_latest` writes; the gateway serves it too).
 _CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
@@ -191,6 +197,72 @@ class SummaryPublisher:
             await self.publish()
 
 
+class ConsumerLag:
+    """Gauges of every stream consumer's lag on one bus, refreshed every `LAG_REFRESH_S`."""
+
+    def __init__(self, bus: Bus, registry: CollectorRegistry, *, service: str) -> None:
+        self._bus = bus
+        prefix = f"harnessrl_{service}_consumer"
+        self.pending = Gauge(
+            f"{prefix}_pending_messages",
+            "Messages stored under a consumer's filter and not delivered to it yet (its lag).",
+            ["consumer"],
+            registry=registry,
+        )
+        self.unacked = Gauge(
+            f"{prefix}_unacked_messages",
+            "Messages delivered to a consumer and not settled yet.",
+            ["consumer"],
+            registry=registry,
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def refresh(self) -> None:
+        """Read every consumer's lag now (a consumer that stopped leaves the gauges)."""
+        backlogs = await self._bus.backlogs()
+        self.pending.clear()
+        self.unacked.clear()
+        for backlog in backlogs:
+            self.pending.labels(consumer=backlog.consumer).set(backlog.pending)
+            self.unacked.labels(consumer=backlog.consumer).set(backlog.unacked)
+
+    async def start(self) -> None:
+        """Refresh in the background."""
+        self._task = asyncio.create_task(self._refresh_every(), name="consumer-lag")
+
+    async def stop(self) -> None:
+        """Stop refreshing."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _refresh_every(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(LAG_REFRESH_S)
+
+
+class BusReports:
+    """What a service reports of one registry on the bus: lag gauges and periodic summaries."""
+
+    def __init__(
+        self, bus: Bus, registry: CollectorRegistry, *, service: str, interval_s: float, run: str = ""
+    ) -> None:
+        self.lag = ConsumerLag(bus, registry, service=service)
+        self.summaries = SummaryPublisher(bus, registry, service=service, interval_s=interval_s, run=run)
+
+    async def start(self) -> None:
+        """Begin refreshing and publishing."""
+        await self.lag.start()
+        await self.summaries.start()
+
+    async def stop(self) -> None:
+        """Stop both."""
+        await self.summaries.stop()
+        await self.lag.stop()
+
+
 @contextlib.asynccontextmanager
 async def exported(
     bus: Bus, registry: CollectorRegistry, *, service: str, settings: MetricsSettings, run: str = ""
@@ -204,13 +276,11 @@ async def exported(
         endpoint = MetricsEndpoint(registry, settings.metrics_host, settings.metrics_port)
         await endpoint.start()
         _log.info("metrics.serving", service=service, url=endpoint.url)
-    summaries = SummaryPublisher(
-        bus, registry, service=service, interval_s=settings.metrics_interval_s, run=run
-    )
-    await summaries.start()
+    reports = BusReports(bus, registry, service=service, interval_s=settings.metrics_interval_s, run=run)
+    await reports.start()
     try:
         yield endpoint
     finally:
-        await summaries.stop()
+        await reports.stop()
         if endpoint is not None:
             await endpoint.stop()

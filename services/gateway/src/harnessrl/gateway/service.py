@@ -18,6 +18,7 @@ from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus, ConsumerSpec, Delivery, Subscription
 from harnessrl.shared.contracts import UpstreamRegistration
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.metrics_export import BusReports
 
 log = get_logger(__name__)
 
@@ -40,6 +41,9 @@ class Gateway:
             keepalive_s=settings.upstream_keepalive_s,
         )
         self.recorder = SpanRecorder(bus, self.metrics, timeout_s=settings.span_publish_timeout_s)
+        self.reports = BusReports(
+            bus, self.metrics.registry, service="gateway", interval_s=settings.metrics_interval_s
+        )
         self._registrations: Subscription | None = None
         for url in settings.upstreams:
             self.pool.register(url)
@@ -56,10 +60,12 @@ class Gateway:
         await self.weights.start()
         spec = ConsumerSpec(stream=subjects.UPSTREAMS.name, filter_subject=subjects.upstreams())
         self._registrations = await self.bus.subscribe(spec, self._on_registration)
+        await self.reports.start()
         log.info("gateway.started", upstreams=list(self.pool.upstreams))
 
     async def stop(self) -> None:
         """Stop followers and close upstream connections (the bus belongs to the caller)."""
+        await self.reports.stop()
         followers = [self.weights.stop(), self.episodes.stop()]
         if self._registrations is not None:
             followers.append(self._registrations.stop())

@@ -53,6 +53,9 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     # comes back. Nothing correctness depends on lives only here (replicas share the bus).
     episode_cache_size: int = 4096
     access_log: bool = True
+    # Seconds between two summaries of this gateway's metrics on METRICS (0: none); `/metrics` is
+    # served on the gateway's own port either way.
+    metrics_interval_s: float = 60.0
     # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
@@ -66,6 +69,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError(f"port must be in 0..65535, not {self.port}")
         if self.shutdown_grace_s < 0:
             raise SettingsError(f"shutdown_grace_s must be >= 0, not {self.shutdown_grace_s}")
+        if self.metrics_interval_s < 0:
+            raise SettingsError(f"metrics_interval_s must be >= 0, not {self.metrics_interval_s}")
         for name in ("max_body_bytes", "max_in_flight_per_upstream", "unhealthy_after_failures"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, not {getattr(self, name)}")

@@ -1,6 +1,7 @@
 """The message bus: one interface, a JetStream implementation and an in-memory twin."""
 
 from harnessrl.shared.bus.base import (
+    Backlog,
     Bus,
     BusError,
     ConsumerSpec,
@@ -22,6 +23,7 @@ from harnessrl.shared.bus.memory import MemoryBus
 from harnessrl.shared.bus.nats import NatsBus
 
 __all__ = [
+    "Backlog",
     "Bus",
     "BusError",
     "ConsumerSpec",

@@ -142,12 +142,24 @@ Handler = Callable[[Delivery], Awaitable[None]]
 Responder = Callable[[bytes], Awaitable[bytes]]
 
 
+class Backlog(msgspec.Struct, frozen=True, kw_only=True):
+    """How far one consumer is behind its stream (its lag)."""
+
+    consumer: str  # the durable name, or the filter subject of an ephemeral consumer
+    pending: int  # stored under the filter, not delivered yet
+    unacked: int  # delivered, neither acknowledged nor given up yet
+
+
 class Subscription(abc.ABC):
     """A running consumer or responder; `stop()` drains and ends it."""
 
     @abc.abstractmethod
     async def stop(self) -> None:
         """Stop receiving; in-flight handler calls finish first."""
+
+    async def backlog(self) -> Backlog | None:
+        """The consumer's lag (None for what has none: a responder, a consumer not bound yet)."""
+        return None
 
 
 class KeyValue(abc.ABC):
@@ -242,6 +254,15 @@ class Bus(abc.ABC):
     @abc.abstractmethod
     async def serve(self, subject: str, responder: Responder, *, queue: str = "") -> Subscription:
         """Answer requests on `subject` (a queue group shares the load)."""
+
+    async def backlogs(self) -> list[Backlog]:
+        """The lag of every stream consumer this bus runs (one a moment's query can't answer is left out)."""
+        found = [await sub.backlog() for sub in self._live_subscriptions()]
+        return [backlog for backlog in found if backlog is not None]
+
+    @abc.abstractmethod
+    def _live_subscriptions(self) -> list[Subscription]:
+        """The subscriptions started and not stopped."""
 
     @property
     @abc.abstractmethod

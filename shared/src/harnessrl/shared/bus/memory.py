@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import msgspec
 
 from harnessrl.shared.bus.base import (
+    Backlog,
     Bus,
     BusError,
     ConsumerSpec,
@@ -171,6 +172,9 @@ class MemoryBus(Bus):
         self._subs.append(sub)
         return sub
 
+    def _live_subscriptions(self) -> list[Subscription]:
+        return list(self._subs)
+
     async def replay(self, stream: str, filter_subject: str) -> list[Delivery]:
         """Every stored message under the filter."""
         if stream not in self._streams:
@@ -294,6 +298,18 @@ class _MemorySubscription(Subscription):
             )
             settler = _MemorySettler(self, delivery)
             await settle(delivery, self.handler, self.spec.max_deliver, settler)
+
+    async def backlog(self) -> Backlog | None:
+        """Matching messages past the cursor, plus those waiting for redelivery."""
+        if self._task.done():
+            return None
+        later = self.stream.messages[self.cursor.next_index :]
+        pending = sum(subject_matches(self.spec.filter_subject, m.subject) for m in later)
+        return Backlog(
+            consumer=self.spec.durable or self.spec.filter_subject,
+            pending=pending,
+            unacked=len(self.cursor.redeliver),
+        )
 
     async def stop(self) -> None:
         self._task.cancel()

@@ -290,6 +290,9 @@ class NatsBus(Bus):
         self._subscriptions.append(sub)
         return sub
 
+    def _live_subscriptions(self) -> list[Subscription]:
+        return list(self._subscriptions)
+
     async def replay(self, stream: str, filter_subject: str) -> list[Delivery]:
         """Read every stored message under a filter with a throwaway no-ack consumer.
 

@@ -15,7 +15,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import api
 
-from harnessrl.shared.bus.base import ConsumerSpec, Delivery, Handler, Subscription
+from harnessrl.shared.bus.base import Backlog, ConsumerSpec, Delivery, Handler, Subscription
 from harnessrl.shared.bus.outcome import settle
 from harnessrl.shared.log import get_logger
 
@@ -124,6 +124,21 @@ class PullSubscription(Subscription):
         except (nats.errors.Error, OSError) as exc:
             log.warning("consumer.rebind_failed", error=str(exc))
             await asyncio.sleep(0.5)
+
+    async def backlog(self) -> Backlog | None:
+        """Pending and unacknowledged messages as the server counts them (None once stopped)."""
+        if self._stopping or self._psub is None:
+            return None
+        try:
+            info = await self._psub.consumer_info()
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            log.warning("consumer.info_failed", filter=self.spec.filter_subject, error=str(exc))
+            return None
+        return Backlog(
+            consumer=self.spec.durable or self.spec.filter_subject,
+            pending=info.num_pending or 0,
+            unacked=info.num_ack_pending or 0,
+        )
 
     async def stop(self) -> None:
         self._stopping = True
