@@ -11,20 +11,17 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import sys
 import urllib.request
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
-import msgspec
 import pytest
 
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import (
     RolloutComplete,
-    RunSpec,
     Span,
     WeightVersion,
     decode,
@@ -33,6 +30,7 @@ from harnessrl.shared.contracts import (
 )
 from harnessrl.stack.demo.run import DemoSettings, evaluate, run_spec, warm_start
 from harnessrl.stack.train import TrainSession
+from harnessrl.testkit.split_reward_harness import split_rewards
 
 
 def load_example(relative: str) -> ModuleType:
@@ -73,17 +71,6 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> 
     finally:
         session.stop()
     return session
-
-
-def split_rewards(spec: RunSpec) -> RunSpec:
-    """The demo's run with a harness whose groups always have reward variance, so both steps train.
-
-    A 60-step warm start answers almost nothing right; its groups would be all 0 and, rightly, train
-    nothing (no new weights to check here). The harness still calls the model like the demo's.
-    """
-    harness = Path(__file__).parent / "split_reward_harness.py"
-    launcher = msgspec.structs.replace(spec.launcher, command=[sys.executable, str(harness)])
-    return msgspec.structs.replace(spec, launcher=launcher)
 
 
 async def dump(url: str, run: str) -> dict[str, list[bytes]]:

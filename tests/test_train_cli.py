@@ -28,10 +28,10 @@ from harnessrl.shared.runspec import load_run_spec
 from harnessrl.stack.demo.tasks import task_spec, write_tasks
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.stack.train import TrainSession
+from harnessrl.testkit import split_reward_harness
 
 log = logging.getLogger(__name__)
 CLI = str(Path(sys.executable).parent / "harnessrl")
-SPLIT_HARNESS = Path(__file__).parent / "split_reward_harness.py"
 
 
 def harnessrl(*args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -57,12 +57,12 @@ def multiply_spec(
     """A run on multiplication tasks, groups of 2, 2 tasks a step; by default every step trains.
 
     The default harness is the demo harness with a reward split inside each group
-    (`split_reward_harness.py`): the tiny model is random, so on its own every group would score
-    0 and no step would train anything.
+    (`harnessrl.testkit.split_reward_harness`): the tiny model is random, so on its own every group
+    would score 0 and no step would train anything.
     """
     write_tasks(tmp_path / "tasks.jsonl", [task_spec(a, 21) for a in range(10, 22)])
     lines = [f"{key} = {value}" for key, value in extra.items()]
-    argv = command or [sys.executable, str(SPLIT_HARNESS)]
+    argv = command or split_reward_harness.COMMAND
     spec = tmp_path / f"{run}.toml"
     spec.write_text(
         f'run = "{run}"\ntasks = "tasks.jsonl"\ngroup_size = 2\nbatch_tasks = 2\nmax_steps = {steps}\n'

@@ -11,9 +11,20 @@ import re
 import sys
 from pathlib import Path
 
+import msgspec
 from openai import OpenAI
 
+from harnessrl.shared.contracts import RunSpec
 from harnessrl.stack.demo.harness import solve
+
+# The harness's command, as a run spec's launcher gives it (a script path, so the controller's fork
+# server runs it in a preloaded process).
+COMMAND = [sys.executable, str(Path(__file__).resolve())]
+
+
+def split_rewards(spec: RunSpec) -> RunSpec:
+    """`spec` (the demo's run) with this harness, so every step of an untrained model trains."""
+    return msgspec.structs.replace(spec, launcher=msgspec.structs.replace(spec.launcher, command=COMMAND))
 
 
 def main() -> int:
