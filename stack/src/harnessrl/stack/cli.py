@@ -26,7 +26,7 @@ from harnessrl.shared.bus import BusError
 from harnessrl.shared.log import configure_logging
 from harnessrl.shared.net import DEFAULT_NATS_URL
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
-from harnessrl.stack import replay, tail
+from harnessrl.stack import otlp, replay, tail
 from harnessrl.stack.follow import RunProgress
 from harnessrl.stack.local import LocalStack, StackPorts
 from harnessrl.stack.natsserver import NatsServerError
@@ -299,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
     add_export_parser(sub)
     tail.register(sub)
+    otlp.register(sub)
     replay.register(sub)
     for ep in sorted(entry_points(group="harnessrl.commands"), key=lambda e: e.name):
         ep.load()(sub)
