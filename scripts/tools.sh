@@ -39,3 +39,9 @@ npm_harness() {  # package version dir-name
 }
 npm_harness @anthropic-ai/claude-code 2.1.332 claude-code
 npm_harness @openai/codex 0.171.0 codex
+
+# --- Chromium for the page tests (`harnessrl dashboard`, testkit/chromium.py): Debian's package, headless.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "installing chromium (Debian package)"
+  if [ "$(id -u)" -eq 0 ]; then apt-get install -y -qq chromium; else sudo apt-get install -y -qq chromium; fi
+fi

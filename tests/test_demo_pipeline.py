@@ -21,8 +21,11 @@ import pytest
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import (
+    HELDOUT_GREEDY,
+    HELDOUT_SAMPLED,
     RolloutComplete,
     Span,
+    StepMetrics,
     WeightVersion,
     decode,
     decode_event,
@@ -82,6 +85,7 @@ async def dump(url: str, run: str) -> dict[str, list[bytes]]:
             "events": (subjects.EPISODES.name, subjects.episode_events_of_run(run)),
             "rollouts": (subjects.ROLLOUTS.name, subjects.rollout(run)),
             "weights": (subjects.WEIGHTS.name, subjects.weights(run)),
+            "heldout": (subjects.METRICS.name, subjects.metrics(run, subjects.HELDOUT_SOURCE)),
         }
         return {name: [d.data for d in await bus.replay(*where)] for name, where in read.items()}
     finally:
@@ -125,6 +129,13 @@ def test_progress_plot_and_summary_written(finished_run: TrainSession) -> None:
     assert (finished_run.run_dir / "progress.png").stat().st_size > 10_000
     summary = json.loads((finished_run.run_dir / "summary.json").read_text())
     assert summary["run"] == "pipeline" and summary["heldout"][0]["step"] == 0
+
+
+def test_heldout_evaluations_are_on_the_bus(finished_run: TrainSession) -> None:
+    published = [decode(data, StepMetrics) for data in finished_run.bus_dump["heldout"]]  # type: ignore[attr-defined]
+    assert [(m.step, m.values[HELDOUT_GREEDY], m.values[HELDOUT_SAMPLED]) for m in published] == [
+        (point.step, point.greedy, point.sampled) for point in finished_run.progress.heldout
+    ]
 
 
 def test_analytics_example_summarises_every_episode(finished_run: TrainSession) -> None:

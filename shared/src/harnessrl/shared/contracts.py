@@ -231,8 +231,17 @@ class WeightVersion(Message, frozen=True, kw_only=True):
     created_at: float = msgspec.field(default_factory=now)
 
 
+# The values of a held-out evaluation's `StepMetrics` (source `subjects.HELDOUT_SOURCE`): accuracy of
+# the policy served at `version`, greedy and sampled.
+HELDOUT_GREEDY = "heldout/greedy"
+HELDOUT_SAMPLED = "heldout/sampled"
+
+
 class StepMetrics(Message, frozen=True, kw_only=True):
-    """One training step's metrics, published on `hrl.metrics.<run>.trainer` for dashboards."""
+    """One training step's metrics, published on `hrl.metrics.<run>.trainer` for dashboards.
+
+    A held-out evaluation is published in the same shape on `hrl.metrics.<run>.heldout`.
+    """
 
     run: str
     step: int
@@ -367,6 +376,8 @@ def decode(data: bytes, kind: type[M]) -> M:
         message = msgspec.msgpack.decode(data, type=kind)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ContractError(f"invalid {_name(kind)}: {exc}") from exc
+    except RecursionError as exc:  # the decoder recurses per nesting level
+        raise ContractError(f"invalid {_name(kind)}: nested too deeply") from exc
     schema = getattr(message, "schema", SCHEMA_VERSION)
     if schema != SCHEMA_VERSION:
         raise ContractError(f"{_name(kind)} has schema {schema}, this build reads {SCHEMA_VERSION}")

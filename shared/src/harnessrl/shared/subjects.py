@@ -79,6 +79,11 @@ def trainer_consumer(run: str) -> str:
     return f"trainer-{token(run)}"
 
 
+# Sources of per-step `StepMetrics`: the trainer's steps, a run's held-out evaluations.
+TRAINER_SOURCE = "trainer"
+HELDOUT_SOURCE = "heldout"
+
+
 def metrics(run: str, source: str) -> str:
     """Subject of per-step metrics a service publishes for dashboards."""
     return f"{PREFIX}.metrics.{token(run)}.{token(source)}"

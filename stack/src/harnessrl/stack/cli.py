@@ -27,6 +27,7 @@ from harnessrl.shared.log import configure_logging
 from harnessrl.shared.net import DEFAULT_NATS_URL
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
 from harnessrl.stack import otlp, replay, tail
+from harnessrl.stack.dashboard import command as dashboard
 from harnessrl.stack.follow import RunProgress
 from harnessrl.stack.local import LocalStack, StackPorts
 from harnessrl.stack.natsserver import NatsServerError
@@ -301,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.register(sub)
     otlp.register(sub)
     replay.register(sub)
+    dashboard.register(sub)
     for ep in sorted(entry_points(group="harnessrl.commands"), key=lambda e: e.name):
         ep.load()(sub)
     return parser

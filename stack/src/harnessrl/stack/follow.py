@@ -176,7 +176,7 @@ class RunFollower:
         feeds = (
             (subjects.EPISODES.name, subjects.episode_events_of_run(run), self._on_episode),
             (subjects.RUNS.name, subjects.run_event(run, "stopped"), self._on_stopped),
-            (subjects.METRICS.name, subjects.metrics(run, "trainer"), self._on_metrics),
+            (subjects.METRICS.name, subjects.metrics(run, subjects.TRAINER_SOURCE), self._on_metrics),
             (subjects.WEIGHTS.name, subjects.weights(run), self._on_weights),
         )
         for stream, subject, handler in feeds:

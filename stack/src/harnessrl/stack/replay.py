@@ -247,7 +247,7 @@ class Replayer:
 
         stored = await self.bus.replay(subjects.SPANS.name, subjects.span(rollout.run, rollout.episode))
         try:
-            spans = _by_seq([delivery.decode(Span) for delivery in stored])
+            spans = by_seq([delivery.decode(Span) for delivery in stored])
         except ContractError:
             self.tally.rollouts["undecodable"] += 1
             return AssembledRollout(rollout=rollout, rows=[], unusable="undecodable")
@@ -264,7 +264,7 @@ class Replayer:
         return AssembledRollout(rollout=rollout, rows=rows)
 
 
-def _by_seq(spans: Sequence[Span]) -> list[Span]:
+def by_seq(spans: Sequence[Span]) -> list[Span]:
     """One span per seq (the first stored), in seq order."""
     by_seq: dict[int, Span] = {}
     for span in spans:

@@ -215,7 +215,7 @@ class TrainerService:
 
     async def _send_metrics(self, metrics: StepMetrics) -> None:
         await self.bus.publish(
-            subjects.metrics(self.settings.run, "trainer"),
+            subjects.metrics(self.settings.run, subjects.TRAINER_SOURCE),
             metrics,
             msg_id=f"{self.settings.run}:metrics:{metrics.step}:{metrics.version}:{metrics.at}",
         )
@@ -223,7 +223,9 @@ class TrainerService:
     async def _recover_metrics(self) -> None:
         """Announce the checkpointed step whose metrics never went out (a kill -9 right after it)."""
         state = self.trainer.state
-        stored = await self.bus.replay(subjects.METRICS.name, subjects.metrics(self.settings.run, "trainer"))
+        stored = await self.bus.replay(
+            subjects.METRICS.name, subjects.metrics(self.settings.run, subjects.TRAINER_SOURCE)
+        )
         if any(item.decode(StepMetrics).step == state.step for item in stored):
             return
         values = {"step/recovered": 1.0}  # the step's own values died with the process

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import msgspec
 
-from harnessrl.shared.contracts import LauncherSpec, RunSpec
+from harnessrl.shared import subjects
+from harnessrl.shared.bus import NatsBus
+from harnessrl.shared.contracts import HELDOUT_GREEDY, HELDOUT_SAMPLED, LauncherSpec, RunSpec, StepMetrics
 from harnessrl.stack.demo import harness as harness_module
 from harnessrl.stack.demo.evaluate import accuracy
 from harnessrl.stack.demo.tasks import demonstrations, task_spec, training_pairs, write_tasks
@@ -95,8 +97,24 @@ def evaluate(session: TrainSession, step: int) -> HeldoutPoint:
     sampled = accuracy(stack.gateway_url, stack.key_secret, eval_run, SERVED_MODEL, 1.0)
     point = HeldoutPoint(step=step, greedy=greedy, sampled=sampled)
     session.progress.heldout.append(point)
+    asyncio.run(publish_heldout(stack.nats_url, session.spec.run, point))
     console.print(f"held-out at step {step}: greedy {greedy:.1%}, sampled {sampled:.1%}")
     return point
+
+
+async def publish_heldout(nats_url: str, run: str, point: HeldoutPoint) -> None:
+    """The evaluation on METRICS (`hrl.metrics.<run>.heldout`), for dashboards and exports."""
+    values = {HELDOUT_GREEDY: point.greedy, HELDOUT_SAMPLED: point.sampled}
+    bus = NatsBus(nats_url, name="harnessrl-demo")
+    await bus.connect()
+    try:
+        await bus.publish(
+            subjects.metrics(run, subjects.HELDOUT_SOURCE),
+            StepMetrics(run=run, step=point.step, version=point.step, values=values),
+            msg_id=f"{run}:heldout:{point.step}",
+        )
+    finally:
+        await bus.close()
 
 
 async def _train(session: TrainSession, settings: DemoSettings) -> None:
