@@ -25,8 +25,9 @@ SPEC = LauncherSpec(
             "template": {
                 "spec": {
                     "nodeSelector": {"pool": "episodes"},
-                    "automountServiceAccountToken": True,  # an override may not weaken hardening
-                    "containers": [{"securityContext": {"privileged": True}}],
+                    # Overrides that would weaken the hardening are refused (test_launch_policy.py).
+                    "tolerations": [{"key": "episodes", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{"imagePullPolicy": "Always"}],
                 }
             }
         }

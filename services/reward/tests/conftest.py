@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from harnessrl.reward.graders.base import GradingContext
+from harnessrl.reward.settings import SandboxLimits
+from harnessrl.reward.swe.sandbox import available_limits
 from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 
 
@@ -25,7 +27,10 @@ def tinyswe_rows(tinyswe_root: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def context(tinyswe_root: Path) -> GradingContext:
-    return GradingContext(tasks_root=str(tinyswe_root), python=sys.executable)
+    # The sandbox refuses to run weaker than asked: ask for what this machine gives (without root,
+    # or with this interpreter where nobody cannot reach it, no privilege drop).
+    limits = available_limits(SandboxLimits(), sys.executable)
+    return GradingContext(tasks_root=str(tinyswe_root), python=sys.executable, limits=limits)
 
 
 @pytest.fixture(scope="session")

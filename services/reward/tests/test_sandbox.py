@@ -7,6 +7,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from harnessrl.reward.graders.base import GradingContext
 from harnessrl.reward.service import RewardService
 from harnessrl.reward.settings import RewardSettings, SandboxLimits
@@ -28,7 +30,9 @@ async def test_hanging_tests_time_out_as_their_own_outcome(
     calc_row: dict[str, Any], context: GradingContext
 ) -> None:
     quick = GradingContext(
-        tasks_root=context.tasks_root, python=context.python, limits=SandboxLimits(timeout_s=3.0)
+        tasks_root=context.tasks_root,
+        python=context.python,
+        limits=msgspec.structs.replace(context.limits, timeout_s=3.0),
     )
     grade = await grade_patch(
         SweInstance.from_row(calc_row), quick.resolve(calc_row["repo_path"]), HANG.encode(), quick
@@ -38,11 +42,15 @@ async def test_hanging_tests_time_out_as_their_own_outcome(
 
 
 async def test_service_fails_a_timed_out_grading_as_reward_error(
-    calc_row: dict[str, Any], tinyswe_root: Path, bus: Bus
+    calc_row: dict[str, Any], tinyswe_root: Path, bus: Bus, context: GradingContext
 ) -> None:
     run = f"run-{uuid.uuid4().hex[:8]}"
     settings = RewardSettings(
-        durable=f"reward-{run}", runs=run, tasks_root=str(tinyswe_root), test_timeout_s=3.0
+        durable=f"reward-{run}",
+        runs=run,
+        tasks_root=str(tinyswe_root),
+        test_timeout_s=3.0,
+        drop_privileges=context.limits.drop_privileges,
     )
     service = RewardService(bus, settings)
     await service.start()
@@ -90,7 +98,7 @@ async def test_network_is_cut_inside_the_sandbox(tmp_path: Path) -> None:
             cwd=tmp_path,
             log_path=tmp_path / "log",
             env=base_environment(tmp_path),
-            limits=SandboxLimits(timeout_s=10, isolate_network=isolate),
+            limits=SandboxLimits(timeout_s=10, isolate_network=isolate, drop_privileges=False),
         )
         return run.exit_code
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from harnessrl.reward import service as reward_service
-from harnessrl.reward.graders.base import Grade
+from harnessrl.reward.graders.base import Grade, GradingContext
 from harnessrl.reward.service import RewardService
 from harnessrl.reward.settings import RewardSettings
 from harnessrl.shared import subjects
@@ -68,9 +68,15 @@ def run_id() -> str:
 
 
 @pytest.fixture
-async def service(bus: Bus, run_id: str, tinyswe_root: Any) -> AsyncIterator[RewardService]:
+async def service(
+    bus: Bus, run_id: str, tinyswe_root: Any, context: GradingContext
+) -> AsyncIterator[RewardService]:
     settings = RewardSettings(
-        durable=f"reward-{run_id}", runs=run_id, tasks_root=str(tinyswe_root), log_format="console"
+        durable=f"reward-{run_id}",
+        runs=run_id,
+        tasks_root=str(tinyswe_root),
+        log_format="console",
+        drop_privileges=context.limits.drop_privileges,
     )
     worker = RewardService(bus, settings)
     await worker.start()

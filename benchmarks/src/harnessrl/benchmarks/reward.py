@@ -12,15 +12,19 @@ import sys
 import time
 
 from harnessrl.reward.graders.base import GradingContext
+from harnessrl.reward.settings import SandboxLimits
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.pipeline import grade_patch
+from harnessrl.reward.swe.sandbox import available_limits
 from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 
 
 async def _run() -> dict[str, float | int]:
     root = ensure_tinyswe(sys.executable)
     rows = load_instances(root)
-    context = GradingContext(tasks_root=str(root), python=sys.executable)
+    # What this machine's sandbox gives (it refuses to run weaker than asked).
+    limits = available_limits(SandboxLimits(), sys.executable)
+    context = GradingContext(tasks_root=str(root), python=sys.executable, limits=limits)
     durations: list[float] = []
     resolved = 0
     started = time.monotonic()

@@ -70,6 +70,10 @@ def verify_episode_key(
         payload, mac = _unb64(body), _unb64(sig)
     except (ValueError, TypeError) as exc:
         raise InvalidKeyError("malformed episode key") from exc
+    # One key has one spelling: base64 decoding forgives padding, stray characters and the unused
+    # bits of the last character, so without this an altered key would verify (and fill caches).
+    if _b64(payload) != body or _b64(mac) != sig:
+        raise InvalidKeyError("episode key is not in canonical form")
     if not hmac.compare_digest(mac, _mac(secret, payload)):
         raise InvalidKeyError("episode key signature does not match")
     try:

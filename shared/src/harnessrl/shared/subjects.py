@@ -79,6 +79,16 @@ def trainer_consumer(run: str) -> str:
     return f"trainer-{token(run)}"
 
 
+def episode_events_of_kind(kind: str) -> str:
+    """Filter for one kind of lifecycle event of every run and episode (`hrl.episode.*.*.<kind>`)."""
+    return f"{PREFIX}.episode.*.*.{token(kind)}"
+
+
+def metrics_of_source(source: str) -> str:
+    """Filter for one source's metrics in every scope (`hrl.metrics.*.<source>`)."""
+    return f"{PREFIX}.metrics.*.{token(source)}"
+
+
 # Sources of per-step `StepMetrics`: the trainer's steps, a run's held-out evaluations.
 TRAINER_SOURCE = "trainer"
 HELDOUT_SOURCE = "heldout"
@@ -132,6 +142,8 @@ EPISODE_STATE = BucketSpec(name="hrl-episodes")
 # One key per controller group naming its active controller (the lease, `harnessrl.controller.lease`).
 CONTROLLER_LEASE = BucketSpec(name="hrl-controller-lease")
 ARTIFACTS_BUCKET = "hrl-artifacts"
+# The reward workers' graded results, so a redelivered `agent_exited` is answered, not graded again.
+REWARD_RESULTS = BucketSpec(name="hrl-rewards")
 
 
 def artifact_object(run: str, episode: str, kind: str) -> str:

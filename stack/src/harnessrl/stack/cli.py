@@ -24,6 +24,7 @@ from rich.table import Table
 
 from harnessrl.shared.bus import BusError
 from harnessrl.shared.log import configure_logging
+from harnessrl.shared.nats_permissions import redacted
 from harnessrl.shared.net import DEFAULT_NATS_URL
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
 from harnessrl.stack import otlp, replay, tail
@@ -65,7 +66,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             console.print("[red]error:[/] --trainer needs --model (the policy it trains and vLLM serves)")
             return 2
     ports = StackPorts(nats=args.nats_port, gateway=args.gateway_port)
-    stack = LocalStack(home_dir(args.home), ports, nats_nodes=args.nats_cluster)
+    stack = LocalStack(home_dir(args.home), ports, nats_nodes=args.nats_cluster, nats_auth=args.nats_auth)
     try:
         stack.start_nats()
         if args.model:
@@ -78,7 +79,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         wait_serving(stack.nats_url, spec.run if spec else None, stack.check)
         trains = f", trainer for run {spec.run}" if spec else ""
         console.print(
-            f"[green]up[/]: nats {stack.nats_url}, gateway {stack.gateway_url}{trains}; Ctrl-C stops"
+            f"[green]up[/]: nats {redacted(stack.nats_url)}, gateway {stack.gateway_url}{trains}; "
+            "Ctrl-C stops"
         )
         while True:
             stack.check()
@@ -248,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="run NATS as a JetStream cluster of N servers on loopback (ports from --nats-port on), "
         "streams and buckets replicated on up to 3 of them",
+    )
+    up.add_argument(
+        "--nats-auth",
+        action="store_true",
+        help="NATS requires a login: each service its own, with only its permissions; the operator's "
+        "password is in HOME/nats-admin.secret (user admin). Off by default: the other commands "
+        "(`train --nats-url`, `run`, `episode`, `tail`, `export`) connect without one",
     )
     up.add_argument("--gateway-port", type=int, default=0)
     up.add_argument("--model", default=None, help="also serve this model folder with vLLM on the CPU")

@@ -6,6 +6,10 @@ URL list every service gets, with its streams and buckets replicated (`HRL_NATS_
 Every service gets its own typed settings object, handed over as its
 `HRL_<SERVICE>_*` variables; the episode-key secret is generated once per state folder and never
 leaves this machine.
+
+The embedded NATS requires a login (`nats_auth`, on by default): each service connects as its own
+user with the permissions of `harnessrl.shared.nats_permissions` (its password generated once per
+state folder, like the key secret) and `nats_url` is the operator's (`admin`) login, for the CLI.
 """
 
 from __future__ import annotations
@@ -21,11 +25,23 @@ import msgspec
 
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.gateway.settings import GatewaySettings
+from harnessrl.reward.grading import grading_context
 from harnessrl.reward.settings import RewardSettings
+from harnessrl.reward.swe.sandbox import available_limits, missing_isolation
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.bus.nats.streams import REPLICAS_ENV
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.nats_permissions import (
+    ADMIN,
+    CONTROLLER,
+    GATEWAY,
+    REWARD,
+    TRAINER,
+    USERS,
+    Credentials,
+    with_credentials,
+)
 from harnessrl.shared.net import free_port
 from harnessrl.stack.natsserver import NatsCluster, NatsServer, NatsServerError
 from harnessrl.stack.supervisor import ProcessSpec, Supervisor
@@ -86,6 +102,7 @@ class LocalStack:
         *,
         nats_url: str | None = None,
         nats_nodes: int = 1,
+        nats_auth: bool = True,
     ) -> None:
         self.home = home.resolve()
         self.home.mkdir(parents=True, exist_ok=True)
@@ -93,6 +110,8 @@ class LocalStack:
         self.supervisor = Supervisor(self.home)
         self.external_nats = nats_url
         self.nats_nodes = nats_nodes
+        # An external NATS brings its own logins (in `nats_url`); ours are for the embedded one.
+        self.nats_auth = nats_auth and not nats_url
         self.nats: NatsServer | NatsCluster | None = None
         self.vllm: VllmServer | None = None
         self.gateway_port = self.ports.gateway or free_port()
@@ -107,14 +126,31 @@ class LocalStack:
         """The local gateway's admin token."""
         return secret_file(self.home, "gateway-admin")
 
+    @functools.cached_property
+    def nats_credentials(self) -> dict[str, Credentials]:
+        """Every NATS user's login (passwords created when the embedded server first needs them)."""
+        return {
+            user: Credentials(user=user, password=secret_file(self.home, f"nats-{user}")) for user in USERS
+        }
+
     @property
     def nats_url(self) -> str:
-        """Where the bus is."""
+        """Where the bus is, with the operator's login when NATS requires one."""
+        return self.nats_url_of(ADMIN)
+
+    def nats_url_of(self, user: str) -> str:
+        """The bus URL a service (a `nats_permissions` user) connects with."""
         if self.external_nats:
             return self.external_nats
         if self.nats is None:
             raise RuntimeError("nats-server is not started")
-        return self.nats.url
+        if not self.nats_auth:
+            return self.nats.url
+        return with_credentials(self.nats.url, self.nats_credentials[user])
+
+    @property
+    def _nats_users(self) -> dict[str, Credentials] | None:
+        return self.nats_credentials if self.nats_auth else None
 
     @property
     def gateway_url(self) -> str:
@@ -129,7 +165,10 @@ class LocalStack:
             self._start_nats_cluster()
             return
         self.nats = NatsServer(
-            self.home / "nats", port=self.ports.nats, log_file=self.home / "logs" / "nats-server.log"
+            self.home / "nats",
+            port=self.ports.nats,
+            log_file=self.home / "logs" / "nats-server.log",
+            users=self._nats_users,
         )
         self.nats.start()
 
@@ -145,11 +184,12 @@ class LocalStack:
             self.nats_nodes,
             ports=[base + i for i in range(self.nats_nodes)] if base else (),
             log_dir=self.home / "logs",
+            users=self._nats_users,
         )
         self.nats = cluster
         cluster.start()
         try:
-            asyncio.run(_lay_out_streams(cluster.url, cluster.replicas))
+            asyncio.run(_lay_out_streams(self.nats_url, cluster.replicas))
         except BusError as exc:
             raise NatsServerError(f"the NATS cluster refused the streams: {exc}") from exc
 
@@ -194,7 +234,7 @@ class LocalStack:
     def start_gateway(self) -> None:
         """The gateway in front of the local vLLM replica (a run's sampling comes with its episodes)."""
         settings = GatewaySettings(
-            nats_url=self.nats_url,
+            nats_url=self.nats_url_of(GATEWAY),
             port=self.gateway_port,
             key_secret=self.key_secret,
             admin_token=self.admin_token,
@@ -205,13 +245,13 @@ class LocalStack:
 
     def start_reward(self, tasks_root: Path | None = None) -> None:
         """One reward worker; relative task repository paths resolve against `tasks_root`."""
-        settings = RewardSettings(nats_url=self.nats_url, tasks_root=str(tasks_root or "."))
-        self._start("reward", settings)
+        settings = RewardSettings(nats_url=self.nats_url_of(REWARD), tasks_root=str(tasks_root or "."))
+        self._start("reward", local_sandbox(settings))
 
     def start_controller(self) -> None:
         """The controller, launching harnesses locally against our gateway."""
         settings = ControllerSettings(
-            nats_url=self.nats_url,
+            nats_url=self.nats_url_of(CONTROLLER),
             key_secret=self.key_secret,
             gateway_url=self.gateway_url,
             state_dir=str(self.home / "controller"),
@@ -226,7 +266,7 @@ class LocalStack:
         """
         run_dir = self.home / "runs" / spec.run
         settings = TrainerSettings(
-            nats_url=self.nats_url,
+            nats_url=self.nats_url_of(TRAINER),
             run=spec.run,
             model_dir=str(model_dir),
             checkpoint_dir=str(run_dir / "checkpoints"),
@@ -253,6 +293,24 @@ class LocalStack:
             self.vllm.stop()
         if self.nats is not None:
             self.nats.stop()
+
+
+def local_sandbox(settings: RewardSettings) -> RewardSettings:
+    """A local worker's settings asking for the sandbox this machine gives, and a warning of what it lacks.
+
+    The reward service refuses to grade in a sandbox weaker than its settings ask for; a local run
+    on a machine without (say) a privilege drop accepts that here, in the open, instead.
+    """
+    limits = grading_context(settings).limits
+    python = settings.python or sys.executable
+    missing = missing_isolation(limits, python)
+    if not missing:
+        return settings
+    log.warning("reward.sandbox_weaker", missing=missing)
+    available = available_limits(limits, python)
+    return msgspec.structs.replace(
+        settings, isolate_network=available.isolate_network, drop_privileges=available.drop_privileges
+    )
 
 
 async def _lay_out_streams(url: str, replicas: int) -> None:

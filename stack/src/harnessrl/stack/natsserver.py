@@ -4,6 +4,10 @@ The embedded default and the test fixtures. The binary comes from the `nats-serv
 (installed next to this interpreter). Debian's nats-server is too old: releases before 2.12.3 could
 lose acknowledged data in crashes.
 
+With `users` (a `Credentials` per user of `harnessrl.shared.nats_permissions.PERMISSIONS`) the server
+requires a login and gives each user exactly its permissions (`auth_config`); without, anyone who
+reaches the port may do anything.
+
 A server counts as started when its monitoring endpoint's `/healthz` answers 200: JetStream is up
 and, on a cluster, in contact with a meta leader (a lone node of a three-node cluster is not).
 """
@@ -11,6 +15,7 @@ and, on a cluster, in contact with a meta leader (a lone node of a three-node cl
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import shutil
 import signal
@@ -18,11 +23,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 
+from harnessrl.shared.nats_permissions import PERMISSIONS, Credentials, ServicePermissions
 from harnessrl.shared.net import free_port, free_ports
 from harnessrl.stack.spawn import spawn
 
@@ -54,6 +60,36 @@ def _version(binary: str) -> tuple[int, ...]:
         return tuple(int(p) for p in text.split(".")[:3])
     except ValueError as exc:
         raise NatsServerError(f"cannot read nats-server version from {out.stdout!r}") from exc
+
+
+def auth_config(users: Mapping[str, Credentials]) -> str:
+    """nats-server's `authorization` block: one user per entry, with its `PERMISSIONS` (allow lists).
+
+    A user without a permissions entry is refused here: a login that may do anything is not made
+    by accident.
+    """
+    entries = []
+    for name, credentials in users.items():
+        if name not in PERMISSIONS:
+            raise NatsServerError(f"no NATS permissions are defined for user {name!r}")
+        if credentials.user != name:
+            raise NatsServerError(f"credentials of {credentials.user!r} given for user {name!r}")
+        entries.append(_user_entry(credentials, PERMISSIONS[name]))
+    return "authorization {\n  users = [\n" + ",\n".join(entries) + "\n  ]\n}\n"
+
+
+def _user_entry(credentials: Credentials, permissions: ServicePermissions) -> str:
+    # JSON strings are nats-server config strings; quoted, a `$JS...` subject is not a variable.
+    conf = {
+        "user": credentials.user,
+        "password": credentials.password,
+        "permissions": {
+            "publish": {"allow": list(permissions.publish)},
+            "subscribe": {"allow": list(permissions.subscribe)},
+            **({"allow_responses": True} if permissions.allow_responses else {}),
+        },
+    }
+    return "    " + json.dumps(conf)
 
 
 class ClusterMember(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,8 +125,10 @@ class NatsServer:
         log_file: Path | None = None,
         name: str = "",
         member: ClusterMember | None = None,
+        users: Mapping[str, Credentials] | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
+        self.users = dict(users or {})
         self.port = port or free_port()
         self.monitor_port = free_port()
         self.log_file = log_file or self.store_dir / "nats-server.log"
@@ -119,12 +157,22 @@ class NatsServer:
         except OSError as exc:
             raise NatsServerError(f"nats-server store {self.store_dir} is not usable: {exc}") from exc
         args = [self.binary, "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1"]
+        if self.users:
+            args += ["-c", str(self._write_config())]
         args += ["-p", str(self.port), "-m", str(self.monitor_port), "-l", str(self.log_file)]
         if self.name:
             args += ["--name", self.name]
         if self.member is not None:
             args += self.member.args()
         self.process = spawn(args, stdin=subprocess.DEVNULL)
+
+    def _write_config(self) -> Path:
+        """The authorization config (mode 0600: it holds the passwords), rewritten at every start."""
+        path = self.store_dir / "auth.conf"
+        path.unlink(missing_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(auth_config(self.users))
+        return path
 
     def wait_ready(self, timeout_s: float) -> None:
         """Wait until `/healthz` answers 200 and the client port accepts; stop it and raise if not."""
@@ -195,6 +243,7 @@ class NatsCluster:
         name: str = "hrl",
         ports: Sequence[int] = (),
         log_dir: Path | None = None,
+        users: Mapping[str, Credentials] | None = None,
     ) -> None:
         if size < 1:
             raise NatsServerError(f"a cluster needs at least one server, not {size}")
@@ -211,6 +260,7 @@ class NatsCluster:
                 log_file=(log_dir / f"nats-server-{i}.log") if log_dir else None,
                 name=f"{name}-{i}",
                 member=ClusterMember(cluster=name, route_port=route_ports[i], routes=routes),
+                users=users,
             )
             for i in range(size)
         ]

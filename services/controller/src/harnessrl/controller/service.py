@@ -16,6 +16,7 @@ from harnessrl.controller.fail_fast import announce_stop
 from harnessrl.controller.launchers import Launcher, LaunchError
 from harnessrl.controller.launchers.kube import KubeLauncher, api_client
 from harnessrl.controller.launchers.local import LocalLauncher
+from harnessrl.controller.launchers.policy import check_launcher
 from harnessrl.controller.metrics import CountedLauncher, LaunchCounts
 from harnessrl.controller.records import RunRecord
 from harnessrl.controller.run_driver import RunDriver
@@ -33,7 +34,8 @@ R = TypeVar("R", bound=msgspec.Struct)
 
 
 def default_launcher(spec: RunSpec, settings: ControllerSettings) -> Launcher:
-    """The launcher a run spec asks for."""
+    """The launcher a run spec asks for (a run persisted before a policy change is checked again)."""
+    check_launcher(spec.launcher, in_cluster=settings.in_cluster, allowed_images=settings.allowed_images)
     if spec.launcher.kind == "kubernetes":
         api = api_client(settings.kube_api_url, settings.kubeconfig)
         return KubeLauncher(
@@ -42,6 +44,7 @@ def default_launcher(spec: RunSpec, settings: ControllerSettings) -> Launcher:
             api,
             job_ttl_s=settings.job_ttl_s,
             watch_timeout_s=settings.kube_watch_timeout_s,
+            allowed_images=settings.allowed_images,
         )
     return LocalLauncher(
         spec.run,
@@ -131,6 +134,11 @@ class Controller:
             if spec.run in self.runs:
                 raise RequestRefusedError(f"run {spec.run!r} already exists")
             load_tasks(spec.tasks)
+            check_launcher(
+                spec.launcher,
+                in_cluster=self._settings.in_cluster,
+                allowed_images=self._settings.allowed_images,
+            )
             if spec.launcher.kind == "local":
                 check_local_launcher(spec.launcher, source=f"run {spec.run}")
             record = RunRecord(spec=spec)

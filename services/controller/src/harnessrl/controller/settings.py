@@ -57,6 +57,13 @@ class ControllerSettings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     # A summary of the same metrics on `hrl.metrics._service.controller` this often (0: none).
     metrics_interval_s: float = 60.0
+    # In a cluster the controller pod holds a cluster token and the key secret: a run asking for
+    # `launcher.kind = "local"` (its harness inside this pod) is refused. The chart sets it.
+    in_cluster: bool = False
+    # Images episode and grading pods may run, as shell patterns (`ghcr.io/acme/harness-*`); a run
+    # naming another (`launcher.image`, a `job_template` container, a task's image) is refused.
+    # Empty: any image (local runs, tests); a cluster deployment lists its own.
+    allowed_images: list[str] = msgspec.field(default_factory=list)
     # Logs: JSON lines for collectors, or "console" (key-value) for a person; stdlib level names.
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"

@@ -21,6 +21,7 @@ from harnessrl.reward.graders.base import Grade, GradingContext
 from harnessrl.reward.grading import build_grader, grading_context
 from harnessrl.reward.metrics import RewardMetrics
 from harnessrl.reward.settings import RewardSettings
+from harnessrl.reward.swe.sandbox import SandboxUnavailableError, missing_isolation
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus, BusError, ConsumerSpec, Delivery, KeyValue, Subscription
 from harnessrl.shared.contracts import (
@@ -86,6 +87,11 @@ class RewardService:
         )
         for _ in range(self.settings.concurrency):
             self._subscriptions.append(await self.bus.subscribe(spec, self.handle))
+        if self.context.sandbox == "local" and (
+            missing := missing_isolation(self.context.limits, self.context.python)
+        ):
+            # Patches will be refused (infra), not graded in a weaker sandbox; say so once, at start.
+            _log.error("sandbox.unavailable", missing=missing)
         _log.info("reward.started", durable=self.settings.durable, workers=self.settings.concurrency)
 
     async def stop(self) -> None:
@@ -148,6 +154,9 @@ class RewardService:
             return Grade(reward=0.0, outcome="timeout", details={"reason": reason})
         except UnknownGraderError as exc:
             return _grader_error(str(exc))
+        except SandboxUnavailableError as exc:
+            log.error("sandbox.refused", error=str(exc))
+            return Grade(reward=0.0, outcome="infra-error", details={"reason": str(exc)})
         except Exception as exc:
             log.exception("grader.crashed")
             return _grader_error(f"grader raised {type(exc).__name__}: {exc}")

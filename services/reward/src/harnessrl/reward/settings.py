@@ -14,6 +14,7 @@ import msgspec
 
 from harnessrl.shared.net import DEFAULT_NATS_URL
 from harnessrl.shared.settings import SettingsError, load_settings
+from harnessrl.shared.subjects import REWARD_RESULTS
 
 
 class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,7 +48,7 @@ class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Gradings in flight per worker process; each is one sandboxed pytest.
     concurrency: int = 1
     # Finished results per episode, so a redelivered event republishes instead of regrading.
-    results_bucket: str = "hrl-rewards"
+    results_bucket: str = REWARD_RESULTS.name
     # Where relative `repo_path`s of task instances live (the folder holding a tinyswe build).
     tasks_root: str = "."
     # The interpreter that runs task tests in the local sandbox (empty: this one).

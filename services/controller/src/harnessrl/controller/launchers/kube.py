@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -73,8 +74,10 @@ class KubeLauncher(Launcher):
         *,
         job_ttl_s: int = 3600,
         watch_timeout_s: int = 60,
+        allowed_images: Sequence[str] = (),
     ) -> None:
         self._run, self._spec, self._ns = run, spec, spec.namespace
+        self._allowed_images = tuple(allowed_images)
         self._batch, self._core = client.BatchV1Api(api), client.CoreV1Api(api)
         self._ttl, self._watch_timeout = job_ttl_s, watch_timeout_s
         self._selector = f"{RUN_LABEL}={run}"
@@ -108,7 +111,7 @@ class KubeLauncher(Launcher):
     async def launch(self, request: LaunchRequest) -> str:
         """Create the episode's Secret and Job; existing ones mean it was already launched."""
         secret = render_secret(request, self._ns)
-        job = render_job(request, self._spec, ttl_s=self._ttl)
+        job = render_job(request, self._spec, ttl_s=self._ttl, allowed_images=self._allowed_images)
         name = job["metadata"]["name"]
         await self._create(self._core.create_namespaced_secret, secret)
         created = await self._create(self._batch.create_namespaced_job, job)

@@ -5,7 +5,8 @@ Hardening the template always has, whatever a run spec's `job_template` override
 `podFailurePolicy` that fails the Job at once on disruptions (so they classify as infra), a restricted
 security context (non-root, no privilege escalation, all capabilities dropped, RuntimeDefault seccomp,
 read-only root with emptyDir workspace and /tmp), no service account token, requests = limits, and the
-episode key only through a `secretKeyRef`.
+episode key only through a `secretKeyRef`. The template itself must pass the allow-list of
+`launchers.policy` (checked at submit and again here), and so must every image the pod runs.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import copy
 import hashlib
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from harnessrl.controller.launchers.base import LaunchRequest
+from harnessrl.controller.launchers.policy import check_image, check_job_template
 from harnessrl.shared.contracts import LauncherSpec
 from harnessrl.shared.podpolicy import EPISODE_UID, harden_pod
 
@@ -60,8 +63,14 @@ def render_secret(request: LaunchRequest, namespace: str) -> dict[str, Any]:
     }
 
 
-def render_job(request: LaunchRequest, spec: LauncherSpec, *, ttl_s: int) -> dict[str, Any]:
-    """The Job of one episode, with the run spec's `job_template` merged in, hardening re-applied."""
+def render_job(
+    request: LaunchRequest, spec: LauncherSpec, *, ttl_s: int, allowed_images: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The Job of one episode, with the run spec's `job_template` merged in, hardening re-applied.
+
+    Raises `LaunchPolicyError` for a template outside the allow-list or an image outside
+    `allowed_images` (empty: any image).
+    """
     meta = labels(request.run, request.episode)
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
@@ -79,8 +88,14 @@ def render_job(request: LaunchRequest, spec: LauncherSpec, *, ttl_s: int) -> dic
         },
     }
     if spec.job_template:
+        check_job_template(spec.job_template, allowed_images)
         job = merge(job, spec.job_template)
+        job["metadata"]["labels"].update(meta)
+        job["spec"]["template"]["metadata"]["labels"].update({**meta, ROLE_LABEL: "episode"})
     _enforce(job, request, ttl_s)
+    pod = job["spec"]["template"]["spec"]
+    for container in (*pod.get("initContainers", []), *pod["containers"]):
+        check_image(str(container.get("image", "")), allowed_images, where=f"image of {container['name']}")
     return job
 
 

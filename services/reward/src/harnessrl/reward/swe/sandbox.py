@@ -1,10 +1,15 @@
 """The local sandbox: run one command over a workspace with a timeout, limits and no network.
 
-Hardening, each applied when this machine allows it (probed once, reported in every result):
-a new network namespace (`unshare -n`, so only a down loopback exists), an unprivileged user
-(`setpriv` to nobody, so the command cannot write the pristine repositories or the grader's files),
-rlimits (address space, file size, processes, CPU, no core dumps), a scrubbed environment, its
-own process group killed whole on timeout, and output capped by the file-size limit.
+Hardening (each probed once, reported in every result): a new network namespace (`unshare -n`,
+so only a down loopback exists), an unprivileged user (`setpriv` to nobody, so the command cannot
+write the pristine repositories or the grader's files), rlimits (address space, file size,
+processes, CPU, no core dumps), a scrubbed environment, its own process group killed whole on
+timeout, and output capped by the file-size limit.
+
+What the limits ask for, the sandbox gives or refuses (`SandboxUnavailableError`): model code never
+runs with network access or as the grader's user because this machine could not isolate it. A
+deployment that accepts less says so in its settings (`isolate_network`, `drop_privileges`);
+`available_limits` is that choice made from what this machine can do, for local runs that log it.
 """
 
 from __future__ import annotations
@@ -19,10 +24,15 @@ from pathlib import Path
 
 import msgspec
 
+from harnessrl.reward.errors import RewardError
 from harnessrl.reward.settings import SandboxLimits
 from harnessrl.shared.process import signal_group
 
 NOBODY = 65534
+
+
+class SandboxUnavailableError(RewardError):
+    """The configured sandbox cannot be built here; grading refuses instead of running weaker."""
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,6 +60,39 @@ def privilege_drop_available(python: str) -> bool:
     """
     probe = [*_setpriv_prefix(), python, "-I", "-c", "import pytest"]
     return os.geteuid() == 0 and _probe(probe)
+
+
+def missing_isolation(limits: SandboxLimits, python: str) -> list[str]:
+    """The isolations `limits` asks for that this machine cannot give `python`, each with why."""
+    missing = []
+    if limits.isolate_network and not network_isolation_available():
+        missing.append("isolate_network (`unshare -n` fails here: it needs root or user namespaces)")
+    if limits.drop_privileges and not privilege_drop_available(python):
+        missing.append(
+            f"drop_privileges (running {python} as nobody fails here: it needs root, setpriv and an "
+            "interpreter nobody can reach)"
+        )
+    return missing
+
+
+def check_sandbox(limits: SandboxLimits, python: str) -> None:
+    """Raise `SandboxUnavailableError` unless every isolation `limits` asks for is available."""
+    missing = missing_isolation(limits, python)
+    if missing:
+        raise SandboxUnavailableError(
+            "the sandbox is weaker than configured, so nothing is graded: "
+            + "; ".join(missing)
+            + ". Fix the machine, or turn the setting off to accept grading without it"
+        )
+
+
+def available_limits(limits: SandboxLimits, python: str) -> SandboxLimits:
+    """`limits` with each isolation this machine cannot give turned off (an explicit choice)."""
+    return msgspec.structs.replace(
+        limits,
+        isolate_network=limits.isolate_network and network_isolation_available(),
+        drop_privileges=limits.drop_privileges and privilege_drop_available(python),
+    )
 
 
 def _probe(command: list[str]) -> bool:
@@ -103,9 +146,12 @@ async def run_sandboxed(
     env: dict[str, str],
     limits: SandboxLimits,
 ) -> RunResult:
-    """Run `command` in `cwd`, stdout and stderr to `log_path`, under `limits`."""
-    isolated = limits.isolate_network and network_isolation_available()
-    unprivileged = limits.drop_privileges and privilege_drop_available(command[0])
+    """Run `command` in `cwd`, stdout and stderr to `log_path`, under `limits`.
+
+    Raises `SandboxUnavailableError` when an isolation `limits` asks for is not available.
+    """
+    check_sandbox(limits, command[0])
+    isolated, unprivileged = limits.isolate_network, limits.drop_privileges
     prefix = (["unshare", "-n", "--"] if isolated else []) + (_setpriv_prefix() if unprivileged else [])
     started = time.monotonic()
     with log_path.open("wb") as log:

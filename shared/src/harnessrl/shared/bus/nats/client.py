@@ -48,12 +48,15 @@ from harnessrl.shared.bus.nats.retry import RETRYABLE, retrying
 from harnessrl.shared.bus.nats.streams import check_drift, deployment_replicas, scaled_up, stream_config
 from harnessrl.shared.contracts import encode
 from harnessrl.shared.log import get_logger
+from harnessrl.shared.nats_permissions import inbox, redacted, url_user
 from harnessrl.shared.net import nats_servers
 from harnessrl.shared.subjects import ALL_STREAMS, BucketSpec, StreamSpec, dead_letter
 
 log = get_logger(__name__)
 # JetStream's error code for a stream created by someone else between our lookup and our create.
 _STREAM_NAME_IN_USE = 10058
+# nats-py's inbox without a login; with one, the user's own (`nats_permissions.inbox`).
+_DEFAULT_INBOX = "_INBOX"
 
 
 class NatsBus(Bus):
@@ -75,7 +78,10 @@ class NatsBus(Bus):
         replicas: int | None = None,
     ) -> None:
         self.servers = nats_servers(url)
-        self.url = ",".join(self.servers)
+        # Credentials travel in the URL (`nats_permissions.with_credentials`); logs see it redacted.
+        self.url = redacted(",".join(self.servers))
+        user = url_user(self.url)
+        self.inbox_prefix = inbox(user) if user else _DEFAULT_INBOX
         self.replicas = deployment_replicas() if replicas is None else replicas
         self.connect_timeout_s = connect_timeout_s
         self.name = name
@@ -116,6 +122,7 @@ class NatsBus(Bus):
         return await nats.connect(
             servers=self.servers,
             name=self.name,
+            inbox_prefix=self.inbox_prefix,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.25,
             connect_timeout=2,
