@@ -19,46 +19,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgspec
 
-from harnessrl.benchmarks.gateway import Processes
-from harnessrl.benchmarks.litellm_proxy import wait_http
-from harnessrl.controller.lease import LeaseRecord, lease_key
+from harnessrl.benchmarks.reconcile import claimed, read_bus, verify
+from harnessrl.benchmarks.scaled_stack import (
+    SECRET,
+    SPAN_HEADER,
+    Deployment,
+    Frontend,
+    active_controller,
+    run_spec,
+    start_upstream,
+    wait_for_line,
+)
 from harnessrl.controller.settings import ControllerSettings
-from harnessrl.gateway.settings import GatewaySettings
-from harnessrl.reward.settings import RewardSettings
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
-from harnessrl.shared.bus.nats.streams import REPLICAS_ENV
-from harnessrl.shared.contracts import (
-    TERMINAL_KINDS,
-    EpisodeEvent,
-    RolloutComplete,
-    Span,
-    decode,
-    decode_event,
-    event_kind,
-)
 from harnessrl.shared.keys import sign_episode_key
-from harnessrl.shared.net import free_port
-from harnessrl.stack.local import settings_env
-from harnessrl.stack.natsserver import NatsCluster
 from harnessrl.testkit.controller_client import ask
 
-SECRET = "bench-scale-secret"  # noqa: S105 - signs this loopback benchmark's episode keys
 RUN = "scale"
 GATEWAYS, NATS_NODES, REWARD_WORKERS = 3, 3, 2
 GROUPS, GROUP_SIZE, CALLS, THINK_S, CONCURRENT = 16, 4, 5, 0.2, 8
@@ -68,160 +55,14 @@ LOAD_BODY = json.dumps({
     "model": "canned", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello."}],
 }).encode()  # fmt: skip
 CHAT = "/v1/chat/completions"
-SPAN_HEADER = "x-harnessrl-span"
 
-HARNESS = '''\
-"""A scripted harness: SCALE_CALLS chat calls, each answer's span id appended to its call log."""
-import json, os, sys, time
-from pathlib import Path
-
-from openai import OpenAI
-
-client = OpenAI(max_retries=4, timeout=30)
-messages = [{"role": "user", "content": os.environ["HARNESSRL_TASK"]}]
-log = Path(os.environ["SCALE_CALL_LOG"]) / (os.environ["HARNESSRL_EPISODE"] + ".jsonl")
-with log.open("a") as out:
-    for turn in range(int(os.environ["SCALE_CALLS"])):
-        raw = client.chat.completions.with_raw_response.create(
-            model="canned", messages=messages, max_tokens=16
-        )
-        out.write(json.dumps({"span": raw.headers.get("x-harnessrl-span")}) + "\\n")
-        out.flush()
-        reply = raw.parse().choices[0].message.content or ""
-        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"go on {turn}"}]
-        time.sleep(float(os.environ["SCALE_THINK_S"]))
-Path(os.environ["HARNESSRL_WORKDIR"], "answer.txt").write_text("a")
-sys.exit(0)
-'''
-
-HAPROXY_GLOBAL = """\
-global
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    retries 3
-    option redispatch
-"""
 # Frontends of the load balancer: round-robin per request over every replica (what the run goes
 # through), over the first replica alone, and pinned by the episode key (for comparison only).
-BALANCE = {"round_robin": "roundrobin", "one_replica": "roundrobin",
-           "by_key": "hdr(Authorization)\n    hash-type consistent"}  # fmt: skip
-
-
-def _haproxy_config(ports: dict[str, int], gateways: list[int]) -> str:
-    servers = [f"    server gw{i} 127.0.0.1:{port} check inter 500ms" for i, port in enumerate(gateways)]
-    lines = [HAPROXY_GLOBAL]
-    for name, balance in BALANCE.items():
-        members = servers[:1] if name == "one_replica" else servers
-        lines += [f"frontend {name}", f"    bind 127.0.0.1:{ports[name]}", f"    default_backend {name}"]
-        lines += [f"backend {name}", f"    balance {balance}", "    option httpchk GET /readyz", *members]
-    return "\n".join(lines) + "\n"
-
-
-class Deployment:
-    """Every process of the benchmark and where to reach it."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.procs = Processes(home)
-        self.cluster = NatsCluster(home / "nats", NATS_NODES, log_dir=home)
-        self.env = {REPLICAS_ENV: str(self.cluster.replicas)}
-        self.gateways: list[str] = []
-        self.lb: dict[str, str] = {}
-        self.controllers: list[subprocess.Popen[bytes]] = []
-        self.controller_logs: list[Path] = []
-        self.rewards: list[subprocess.Popen[bytes]] = []
-
-    def service(
-        self, name: str, module: str, prefix: str, settings: msgspec.Struct
-    ) -> subprocess.Popen[bytes]:
-        """Start `python -m harnessrl.<module>` with its settings as `HRL_<MODULE>_*`."""
-        env = {**self.env, **settings_env(prefix, settings)}
-        return self.procs.start(name, [sys.executable, "-m", f"harnessrl.{module}"], env)
-
-    def start(self, upstream: str) -> None:
-        """The cluster with R3 streams, the gateways and the load balancer in front of them."""
-        self.cluster.start()
-        asyncio.run(_replicated_streams(self.cluster.url, self.cluster.replicas))
-        ports = [free_port() for _ in range(GATEWAYS)]
-        for index, port in enumerate(ports):
-            settings = GatewaySettings(
-                nats_url=self.cluster.url, port=port, key_secret=SECRET, upstreams=[upstream],
-                access_log=False, log_level="WARNING",
-            )  # fmt: skip
-            self.service(f"gateway-{index}", "gateway", "HRL_GATEWAY_", settings)
-        self.gateways = [f"http://127.0.0.1:{port}" for port in ports]
-        for url in self.gateways:
-            wait_http(url + "/readyz", 180)
-        self.lb = _haproxy(self.procs, self.home, ports)
-
-    def start_controller(self) -> Path:
-        """One more controller (the first holds the lease, later ones stand by); returns its log."""
-        settings = ControllerSettings(
-            nats_url=self.cluster.url, key_secret=SECRET, gateway_url=self.lb["round_robin"],
-            state_dir=str(self.home / "controller"),
-        )  # fmt: skip
-        name = f"controller-{len(self.controllers)}"
-        self.controllers.append(self.service(name, "controller", "HRL_CONTROLLER_", settings))
-        self.controller_logs.append(self.home / f"{name}.log")
-        return self.controller_logs[-1]
-
-    def revive_controllers(self) -> int:
-        """Start a new controller for each one that exited by itself (a lost lease); how many."""
-        exited = [c for c in self.controllers if c.poll() is not None and c.returncode != -signal.SIGKILL]
-        for _ in exited:
-            self.start_controller()
-        return len(exited)
-
-    def start_rewards(self) -> None:
-        """Reward workers sharing one durable consumer."""
-        settings = RewardSettings(nats_url=self.cluster.url, log_level="WARNING")
-        for index in range(REWARD_WORKERS):
-            self.rewards.append(self.service(f"reward-{index}", "reward", "HRL_REWARD_", settings))
-
-    def stop(self) -> None:
-        """Stop every process, the cluster last."""
-        self.procs.stop()
-        self.cluster.stop()
-
-
-async def _replicated_streams(url: str, replicas: int) -> None:
-    bus = NatsBus(url, replicas=replicas)
-    await bus.connect()
-    try:
-        await bus.ensure_streams()
-    finally:
-        await bus.close()
-
-
-def _haproxy(procs: Processes, home: Path, gateways: list[int]) -> dict[str, str]:
-    """HAProxy in HTTP mode in front of the gateways; the URL of each frontend."""
-    binary = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
-    if binary is None:
-        raise RuntimeError("haproxy not found: `apt-get install -y haproxy` (`make bench-scale` tries)")
-    ports = {name: free_port() for name in BALANCE}
-    config = home / "haproxy.cfg"
-    config.write_text(_haproxy_config(ports, gateways))
-    procs.start("haproxy", [binary, "-db", "-f", str(config)])
-    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    for url in urls.values():
-        wait_http(url + "/readyz", 30)
-    return urls
-
-
-def _logged(log: Path, text: str) -> bool:
-    return log.exists() and text in log.read_text(errors="replace")
-
-
-async def _wait_for_line(log: Path, text: str, timeout_s: float = 60) -> None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            if _logged(log, text):
-                return
-            await asyncio.sleep(0.1)
+FRONTENDS = {"round_robin": Frontend("roundrobin"), "one_replica": Frontend("roundrobin", replicas=1),
+             "by_key": Frontend("hdr(Authorization)\n    hash-type consistent")}  # fmt: skip
+LAYOUT = {"tasks": GROUPS, "calls": CALLS, "think_s": THINK_S, "group_size": GROUP_SIZE,
+          "batch_tasks": GROUPS, "max_steps": 1, "max_concurrent": CONCURRENT, "mode": "sync",
+          "staleness": 1}  # fmt: skip
 
 
 async def _completed(bus: NatsBus, at_least: int) -> None:
@@ -233,21 +74,6 @@ async def _completed(bus: NatsBus, at_least: int) -> None:
             await asyncio.sleep(0.3)
 
 
-def _run_spec(home: Path) -> dict[str, Any]:
-    tasks, harness, calls = home / "tasks.jsonl", home / "harness.py", home / "calls"
-    rows = ({"task_id": f"t{i}", "prompt": f"Task {i}: say hello.", "answer": "a"} for i in range(GROUPS))
-    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    harness.write_text(HARNESS)
-    calls.mkdir()
-    env = {"SCALE_CALLS": str(CALLS), "SCALE_THINK_S": str(THINK_S), "SCALE_CALL_LOG": str(calls)}
-    return {
-        "run": RUN, "tasks": str(tasks), "group_size": GROUP_SIZE, "batch_tasks": GROUPS, "max_steps": 1,
-        "max_concurrent": CONCURRENT, "episode_timeout_s": 120,
-        "launcher": {"kind": "local", "command": [sys.executable, str(harness)], "env": env,
-                     "preload": ["openai"]},
-    }  # fmt: skip
-
-
 async def _episodes(deployment: Deployment) -> dict[str, Any]:
     """Submit the run, kill the SPANS leader node and then the active controller, wait until done."""
     bus = NatsBus(deployment.cluster.url)
@@ -256,15 +82,15 @@ async def _episodes(deployment: Deployment) -> dict[str, Any]:
         deployment.start_controller()
         deployment.start_rewards()
         await ask(bus, "status", {})
-        await _wait_for_line(deployment.start_controller(), "controller.standby")
-        submitted = await ask(bus, "submit", {"spec": _run_spec(deployment.home)})
+        await wait_for_line(deployment.logs[deployment.start_controller()], "controller.standby")
+        submitted = await ask(bus, "submit", {"spec": run_spec(deployment.home, RUN, LAYOUT)})
         if not submitted.get("ok"):
             raise RuntimeError(f"run refused: {submitted.get('error')}")
         total = GROUPS * GROUP_SIZE
         await _completed(bus, total // 4)
         killed_node = await _kill_spans_leader(deployment, bus)
         await _completed(bus, total // 2)
-        revived = deployment.revive_controllers()
+        revived = len([name for name in deployment.relaunch_exited() if name.startswith("controller-")])
         failover_s = await _fail_over(deployment, bus)
         await _finished(bus)
     finally:
@@ -295,108 +121,15 @@ async def _kill_spans_leader(deployment: Deployment, bus: NatsBus) -> str:
     return node.name
 
 
-async def _active_controller(deployment: Deployment, bus: NatsBus) -> subprocess.Popen[bytes]:
-    """The controller holding the lease, once every other one stands by."""
-    kv = await bus.kv(subjects.CONTROLLER_LEASE)
-    entry = await kv.get(lease_key("", []))
-    if entry is None:
-        raise RuntimeError("no controller holds the lease")
-    holder = msgspec.json.decode(entry.value, type=LeaseRecord).holder  # host-pid-random
-    pid = int(holder.rsplit("-", 2)[1])
-    for controller, log in zip(deployment.controllers, deployment.controller_logs, strict=True):
-        if controller.pid != pid and controller.poll() is None:
-            await _wait_for_line(log, "controller.standby")
-    return next(c for c in deployment.controllers if c.pid == pid)
-
-
 async def _fail_over(deployment: Deployment, bus: NatsBus) -> float:
     """Kill -9 the active controller; seconds until the standby answers; the killed one restarts."""
-    active = await _active_controller(deployment, bus)
-    os.kill(active.pid, signal.SIGKILL)
+    active = await active_controller(deployment, bus)
+    deployment.kill(active)
     killed_at = time.monotonic()
-    active.wait()
     await ask(bus, "status", {"run": RUN}, timeout_s=60)
     failover_s = time.monotonic() - killed_at
-    deployment.start_controller()
+    deployment.relaunch(active)
     return failover_s
-
-
-class BusRecord(msgspec.Struct, kw_only=True):
-    """What the bus holds about the run (and the loads' spans)."""
-
-    spans: list[Span]
-    events: list[EpisodeEvent]
-    rollouts: list[RolloutComplete]
-    load_spans: list[Span]
-
-
-async def _read_bus(url: str, load_runs: list[str]) -> BusRecord:
-    bus = NatsBus(url)
-    await bus.connect()
-
-    async def replay(stream: str, subject: str) -> list[bytes]:
-        return [delivery.data for delivery in await bus.replay(stream, subject)]
-
-    try:
-        spans = await replay(subjects.SPANS.name, subjects.spans_of_run(RUN))
-        events = await replay(subjects.EPISODES.name, subjects.episode_events_of_run(RUN))
-        rollouts = await replay(subjects.ROLLOUTS.name, subjects.rollout(RUN))
-        load = [
-            raw for run in load_runs for raw in await replay(subjects.SPANS.name, subjects.spans_of_run(run))
-        ]
-    finally:
-        await bus.close()
-    return BusRecord(
-        spans=[decode(raw, Span) for raw in spans], events=[decode_event(raw) for raw in events],
-        rollouts=[decode(raw, RolloutComplete) for raw in rollouts],
-        load_spans=[decode(raw, Span) for raw in load],
-    )  # fmt: skip
-
-
-def _seq_faults(spans: list[Span]) -> tuple[int, int]:
-    """(gaps, duplicates) over every episode: seqs must be exactly 0..n-1."""
-    by_episode: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for span in spans:
-        by_episode[span.run, span.episode].append(span.seq)
-    gaps = sum(max(seqs) + 1 - len(set(seqs)) for seqs in by_episode.values())
-    duplicates = sum(len(seqs) - len(set(seqs)) for seqs in by_episode.values())
-    return gaps, duplicates
-
-
-def _claimed(calls_dir: Path) -> list[str | None]:
-    """The span id of every call the harnesses got answered (None: an answer without one)."""
-    lines = (line for log in calls_dir.glob("*.jsonl") for line in log.read_text().splitlines())
-    return [json.loads(line)["span"] for line in lines if line]
-
-
-def _verify(record: BusRecord, claimed: list[str | None], load_claimed: list[str]) -> dict[str, Any]:
-    """The correctness figures: seqs, spans of answered calls, terminal events, rollouts."""
-    from harnessrl.trainer.assembly import spans_complete  # imports torch: only once the run is over
-
-    by_episode: dict[str, list[Span]] = defaultdict(list)
-    for span in record.spans:
-        by_episode[span.episode].append(span)
-    stored = {span.span_id for span in [*record.spans, *record.load_spans]}
-    gaps, duplicates = _seq_faults([*record.spans, *record.load_spans])
-    kinds = [(event.episode, event_kind(event)) for event in record.events]
-    terminal = Counter(episode for episode, kind in kinds if kind in TERMINAL_KINDS)
-    scheduled = {episode for episode, kind in kinds if kind == "scheduled"}
-    completed = {episode for episode, kind in kinds if kind == "completed"}
-    rolled = [r.episode for r in record.rollouts]
-    return {
-        "episodes": len(scheduled),
-        "calls": len(claimed),
-        "seq_gaps": gaps,
-        "seq_duplicates": duplicates,
-        "spans_missing": sum(1 for span in [*claimed, *load_claimed] if span not in stored),
-        "rollouts_dropped": len(completed - set(rolled)),
-        "rollouts_incomplete": sum(not spans_complete(r, by_episode[r.episode]) for r in record.rollouts),
-        "terminal_exactly_once": bool(scheduled) and all(terminal[e] == 1 for e in scheduled | set(terminal)),
-        "episodes_failed": len(scheduled - completed),
-        "spans_unclaimed": len({s.span_id for s in record.spans} - set(claimed)),
-        "rollout_duplicates": len(rolled) - len(set(rolled)),
-        "load_calls": len(load_claimed),
-    }
 
 
 class LoadRun(msgspec.Struct, kw_only=True):
@@ -474,26 +207,19 @@ def _rps(deployment: Deployment) -> tuple[dict[str, Any], dict[str, list[str]]]:
 def measure(home: Path, deployment: Deployment) -> dict[str, Any]:
     """Start everything, run the episodes with the faults, then the loads; check the bus."""
     began = time.monotonic()
-    upstream_port = free_port()
-    deployment.procs.start(
-        "upstream",
-        [sys.executable, "-m", "harnessrl.testkit.canned_upstream", "--port", str(upstream_port),
-         "--delay", "0.01"],
-    )  # fmt: skip
-    upstream = f"http://127.0.0.1:{upstream_port}"
-    wait_http(upstream + "/health", 30)
-    deployment.start(upstream)
+    upstream = start_upstream(deployment.procs)
+    deployment.start(upstream, FRONTENDS)
     _progress(
         f"{GATEWAYS} gateways behind HAProxy, {NATS_NODES} NATS nodes: up in {time.monotonic() - began:.1f} s"
     )
     faults = asyncio.run(_episodes(deployment))
     _progress(f"run done with faults injected: {json.dumps(faults)}")
     # Controllers and reward workers play no part in a call: their CPU goes to the load now.
-    deployment.procs.stop(*deployment.controllers, *deployment.rewards)
+    deployment.stop_services(*deployment.controllers, *(f"reward-{i}" for i in range(REWARD_WORKERS)))
     load, load_spans = _rps(deployment)
     _progress(f"loads done: {json.dumps({k: v for k, v in load.items() if k.startswith('rps_')})}")
-    record = asyncio.run(_read_bus(deployment.cluster.url, list(load_spans)))
-    checked = _verify(record, _claimed(home / "calls"), [s for ids in load_spans.values() for s in ids])
+    record = asyncio.run(read_bus(deployment.cluster.url, RUN, list(load_spans)))
+    checked = verify(record, claimed(home / "calls"), [s for ids in load_spans.values() for s in ids])
     return {
         "gateway_replicas": GATEWAYS,
         "nats_nodes": NATS_NODES,
@@ -516,7 +242,9 @@ CORRECT = {"seq_gaps": 0, "seq_duplicates": 0, "spans_missing": 0, "rollouts_dro
 def main() -> None:
     """Run the benchmark; the last stdout line is the JSON report, exit 1 when a check failed."""
     with tempfile.TemporaryDirectory(prefix="harnessrl-bench-scale-") as tmp:
-        deployment = Deployment(Path(tmp))
+        deployment = Deployment(
+            Path(tmp), gateways=GATEWAYS, nats_nodes=NATS_NODES, reward_workers=REWARD_WORKERS
+        )
         try:
             report = measure(Path(tmp), deployment)
         finally:

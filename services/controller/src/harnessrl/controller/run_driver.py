@@ -19,7 +19,13 @@ import msgspec
 
 from harnessrl.controller.fail_fast import FailFast, stop_run
 from harnessrl.controller.harness_env import episode_env, key_env
-from harnessrl.controller.launchers import Launcher, LaunchError, LauncherUnavailableError, LaunchRequest
+from harnessrl.controller.launchers import (
+    ExitStatus,
+    Launcher,
+    LaunchError,
+    LauncherUnavailableError,
+    LaunchRequest,
+)
 from harnessrl.controller.lifecycle import RunEpisodes
 from harnessrl.controller.records import LIVE_PHASES, EpisodeRecord, RunRecord, episode_id, group_id
 from harnessrl.controller.settings import ControllerSettings
@@ -31,6 +37,8 @@ from harnessrl.shared.keys import sign_episode_key
 from harnessrl.shared.log import get_logger
 
 _UNAVAILABLE_RETRY_S = 2.0
+# Recording an episode's end is retried this far apart at first, doubling up to the second.
+EXIT_RETRY_FIRST_S, EXIT_RETRY_MAX_S = 0.5, 10.0
 
 
 class RunDriver:
@@ -78,12 +86,28 @@ class RunDriver:
         """How many groups the run schedules over all its batches."""
         return self.spec.max_steps * self.spec.batch_tasks
 
+    async def _exited_until_recorded(self, episode: str, status: ExitStatus) -> None:
+        """`episodes.exited`, retried while it fails (a NATS node restarting): the end is never lost.
+
+        Repeats are harmless (`exited` ignores an episode already past it); a failure that never
+        clears is logged at every try instead of ending the launcher's watcher in silence.
+        """
+        delay = EXIT_RETRY_FIRST_S
+        while True:
+            try:
+                await self.episodes.exited(episode, status)
+                return
+            except Exception as exc:  # noqa: BLE001 - whatever it was, the episode's end must land
+                self._log.warning("episode.exit_retry", episode=episode, error=repr(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, EXIT_RETRY_MAX_S)
+
     async def start(self) -> None:
         """Load state, reconcile with the launcher, subscribe to feeds and start scheduling."""
         await self.episodes.load(await self._store.episodes(self.spec.run))
         scheduled = [r for r in self.episodes.records.values() if not r.byo]
         self._next_group = 1 + max((r.batch * self.spec.batch_tasks + r.slot for r in scheduled), default=-1)
-        await self._launcher.start(self.episodes.exited)
+        await self._launcher.start(self._exited_until_recorded)
         await self._reconcile()
         await self._subscribe()
         self._loop = asyncio.create_task(self._schedule())

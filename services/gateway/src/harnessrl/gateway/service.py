@@ -98,4 +98,6 @@ class Gateway:
             "weight_versions": dict(self.weights.versions),
             "episodes_held": len(self.episodes),
             "closed_episodes_held": self.episodes.closed_count(),
+            # Every task of this process's loop: `make soak` checks it returns to idle (no leak).
+            "asyncio_tasks": len(asyncio.all_tasks()),
         }
