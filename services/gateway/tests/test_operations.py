@@ -86,6 +86,19 @@ async def test_admin_routes_need_the_admin_token(canned: CannedUpstream, bus: Bu
             assert status == 200
 
 
+@pytest.mark.parametrize("url", ["not a url", "ftp://replica:8000", "http://", "http://replica:notaport"])
+async def test_an_upstream_registration_with_a_bad_url_is_refused(
+    canned: CannedUpstream, bus: Bus, url: str
+) -> None:
+    async with serve_gateway(settings_for([canned.url]), bus) as gateway:
+        status, body, _ = await _request(
+            "POST", gateway.url + "/admin/upstreams", headers=ADMIN_HEADERS, json={"url": url}
+        )
+        assert status == 400, body
+        assert "http(s)://host:port" in json.dumps(body)
+        assert list(gateway.gateway.pool.upstreams) == [canned.url]
+
+
 async def test_pause_holds_new_calls_until_resume_or_timeout(canned: CannedUpstream, bus: Bus) -> None:
     episode = KeyedEpisode()
     async with serve_gateway(settings_for([canned.url], pause_wait_s=1.5), bus) as gateway:

@@ -355,8 +355,8 @@ class RunSpec(Message, frozen=True, kw_only=True):
                 raise msgspec.ValidationError(f"Expected `{name}` >= 1")
         if self.staleness < 0 or self.fail_fast_groups < 0:
             raise msgspec.ValidationError("Expected `staleness` and `fail_fast_groups` >= 0")
-        if self.episode_timeout_s <= 0:
-            raise msgspec.ValidationError("Expected `episode_timeout_s` > 0")
+        if not 0 < self.episode_timeout_s < float("inf"):  # NaN fails this too
+            raise msgspec.ValidationError("Expected `episode_timeout_s` > 0 and finite")
 
 
 # --- encoding --------------------------------------------------------------------------------------

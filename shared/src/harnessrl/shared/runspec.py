@@ -190,12 +190,28 @@ def parse_run_spec(data: Any, *, source: str = "run spec") -> RunSpec:
     _reject_unknown(body, RunSpec, source, "")
     if isinstance(body.get("launcher"), dict):
         _reject_unknown(body["launcher"], LauncherSpec, source, "launcher.")
+    _reject_wide_ints(body, source)
     try:
         spec = msgspec.convert(body, RunSpec, strict=False)
     except msgspec.ValidationError as exc:
         raise RunSpecError(f"{source}: {exc}") from exc
+    except RecursionError as exc:
+        raise RunSpecError(f"{source}: nested too deeply") from exc
     _check(spec, source)
     return spec
+
+
+def _reject_wide_ints(body: dict[str, Any], source: str) -> None:
+    """Refuse an integer that no bus message can carry (msgpack holds 64 bits), naming its field."""
+    pending: list[tuple[str, Any]] = [(str(name), value) for name, value in body.items()]
+    while pending:
+        where, value = pending.pop()
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            raise RunSpecError(f"{source}: `{where}` is out of range (a 64-bit integer at most)")
+        if isinstance(value, dict):
+            pending += [(f"{where}.{name}", item) for name, item in value.items()]
+        elif isinstance(value, list):
+            pending += [(f"{where}[{index}]", item) for index, item in enumerate(value)]
 
 
 def _read(file: Path) -> Any:
@@ -203,6 +219,8 @@ def _read(file: Path) -> Any:
         text = file.read_text()
     except OSError as exc:
         raise RunSpecError(f"cannot read run spec {file}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise RunSpecError(f"cannot read run spec {file}: not UTF-8 text ({exc.reason})") from exc
     try:
         if file.suffix == ".toml":
             return tomllib.loads(text)
@@ -210,12 +228,14 @@ def _read(file: Path) -> Any:
             return yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise RunSpecError(f"{file}: not valid {file.suffix[1:].upper()}: {exc}") from exc
+    except RecursionError as exc:
+        raise RunSpecError(f"{file}: nested too deeply") from exc
     raise RunSpecError(f"{file}: run specs are .toml, .yaml, .yml or .json files")
 
 
 def _reject_unknown(body: dict[str, Any], kind: type[msgspec.Struct], source: str, where: str) -> None:
     known = {f.name for f in msgspec.structs.fields(kind)}
-    unknown = sorted(set(body) - known)
+    unknown = sorted(map(str, set(body) - known))  # YAML keys need not be strings
     if unknown:
         names = ", ".join(f"`{where}{name}`" for name in unknown)
         raise RunSpecError(f"{source}: unknown field(s) {names}; known: {', '.join(sorted(known))}")

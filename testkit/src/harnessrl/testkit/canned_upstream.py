@@ -172,17 +172,25 @@ class CannedUpstream:
         try:
             request = _decode.decode(body)
         except msgspec.DecodeError:
-            return _http(400, b'{"error": {"message": "bad json"}}')
+            return _http(400, _error_body(path, "bad json"))
+        if not isinstance(request, dict):
+            return _http(400, _error_body(path, "the body must be a JSON object"))
         self.bodies.append(request)
         reply = self.script(path, request) if self.script else _DEFAULT_REPLY
         if "raw" in reply:
             return _http(200, reply["raw"])
         if reply.get("status", 200) != 200:
-            error = {"error": {"message": reply.get("content", ""), "type": "BadRequestError"}}
-            return _http(int(reply["status"]), _json.encode(error))
+            return _http(int(reply["status"]), _error_body(path, str(reply.get("content", ""))))
         if request.get("stream"):
             return chat_stream(request, reply)
         return _http(200, chat_response(request, reply))
+
+
+def _error_body(path: str, message: str) -> bytes:
+    """The error envelope of vLLM: Anthropic's on its `/v1/messages` routes, OpenAI's elsewhere."""
+    if path.startswith("/v1/messages"):
+        return _json.encode({"type": "error", "error": {"type": "invalid_request_error", "message": message}})
+    return _json.encode({"error": {"message": message, "type": "BadRequestError"}})
 
 
 def _http(status: int, body: bytes, content_type: bytes = b"application/json") -> bytes:

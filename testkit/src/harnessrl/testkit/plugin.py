@@ -8,7 +8,8 @@ get `nats_server`, `bus`, `tiny_model` and `vllm_server` without a conftest.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from harnessrl.shared.bus import NatsBus
 from harnessrl.stack.natsserver import NatsCluster, NatsServer
 from harnessrl.testkit.model_fixtures import tiny_model, vllm_server
 
-__all__ = ["bus", "nats_cluster", "nats_server", "tiny_model", "vllm_server"]
+__all__ = ["bus", "nats_cluster", "nats_server", "say", "tiny_model", "vllm_server"]
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +52,17 @@ async def bus(nats_server: NatsServer) -> AsyncIterator[NatsBus]:
     await client.ensure_streams()
     yield client
     await client.close()
+
+
+@pytest.fixture
+def say(capsys: pytest.CaptureFixture[str]) -> Callable[[str], None]:
+    """Writes a measured figure (a fuzz count, a rate) to the terminal whatever the capture mode.
+
+    Not a log line: an app under test may reconfigure logging and drop pytest's handlers.
+    """
+
+    def write(line: str) -> None:
+        with capsys.disabled():
+            sys.stdout.write(f"\n{line}\n")
+
+    return write

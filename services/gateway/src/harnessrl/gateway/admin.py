@@ -7,6 +7,7 @@ calls and waits until the calls in flight have finished; `POST /admin/resume` re
 from __future__ import annotations
 
 import hmac
+import urllib.parse
 from typing import Any
 
 import msgspec
@@ -27,6 +28,16 @@ class Registration(msgspec.Struct, frozen=True, kw_only=True):
     model: str = ""
     weight_version: int = 0
     active: bool = True
+
+    def __post_init__(self) -> None:
+        """A replica is an `http(s)://host[:port]` base URL (anything else could never be reached)."""
+        try:
+            parts = urllib.parse.urlsplit(self.url)
+            parts.port  # noqa: B018 - raises on a port that is no number or out of range
+        except ValueError as exc:
+            raise ValueError(f"`url` {self.url!r} is not an http(s)://host:port URL: {exc}") from exc
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"`url` {self.url!r} is not an http(s)://host:port URL")
 
 
 def admin_router(gateway: Gateway) -> Router:

@@ -104,6 +104,9 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         message = f"method {request.method} not allowed"
     else:
         message = str(exc.detail)
+        if isinstance(exc.extra, list) and exc.extra:  # a validation error: say what was wrong
+            said = (item.get("message", item) if isinstance(item, dict) else item for item in exc.extra)
+            message += ": " + "; ".join(map(str, said))
     error = error_for_status(exc.status_code, message)
     headers = {k.decode(): v.decode() for k, v in error.headers()}
     return Response(error.body("openai"), status_code=error.status, headers=headers)
