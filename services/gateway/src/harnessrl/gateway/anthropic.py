@@ -2,26 +2,53 @@
 
 vLLM's own `/v1/messages` (0.31) returns neither token ids nor logprobs, and a call whose sampled
 tokens are unknown can't be trained on. So the gateway sends Messages calls to vLLM's chat
-endpoint (the same chat template and sampler vLLM's Messages route uses internally), captures the
-ids there, and answers in the Messages format, streamed events included.
+endpoint and converts them the way vLLM's Messages route does internally (the same chat template
+and sampler), captures the ids there, and answers in the Messages format (streamed events in
+`anthropic_stream`).
+
+What maps to what, beyond text and tools:
+- `thinking` blocks in the history become the assistant message's `reasoning`; the model's
+  reasoning (vLLM's reasoning parser) comes back as a `thinking` block. `thinking.type` `enabled`
+  sets `thinking_token_budget`, `disabled` sets `reasoning_effort: none`; `output_config.effort`
+  sets `reasoning_effort`. `thinking.display` is ignored, as vLLM's route does: the reasoning is
+  sampled and captured either way, and the client gets it.
+- System text blocks (top level or inline `system` messages, as Claude Code sends) are joined; the
+  `x-anthropic-billing-header` line Claude Code puts first is left out (as vLLM does), so the
+  prompt doesn't change with the client's version.
+- `cache_control`, `metadata` and `context_management` steer Anthropic's servers only (prompt
+  caching, billing, server-side history edits) and are not forwarded.
+- Image blocks are refused (400): a span carries token ids, not pixels, so a call with an image
+  could never be trained faithfully. So are block types the gateway doesn't know.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
 
+from harnessrl.gateway.errors import BadRequest, error_for_status
+
 _json = msgspec.json.Encoder()
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _SAMPLING = ("temperature", "top_p", "top_k", "stream")
+# Anthropic-only request fields: converted below, or steering Anthropic's servers only.
+_MESSAGES_FIELDS = frozenset({"messages", "system", "tools", "tool_choice", "max_tokens", "stop_sequences",
+                              "metadata", "thinking", "model", "output_config", "context_management",
+                              *_SAMPLING})  # fmt: skip
+_BILLING_HEADER = "x-anthropic-billing-header"
+# Blocks that carry no content of their own: `redacted_thinking` is opaque (encrypted by Anthropic).
+_SKIPPED_BLOCKS = frozenset({"redacted_thinking"})
+_CONTENT_BLOCKS = frozenset({"text", "tool_use", "tool_result", "thinking", *_SKIPPED_BLOCKS})
 
 
 def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat request equivalent to a Messages request (unknown fields pass through)."""
-    known = {"messages", "system", "tools", "tool_choice", "max_tokens", "stop_sequences",
-             "metadata", "thinking", "model", *_SAMPLING}  # fmt: skip
-    chat: dict[str, Any] = {k: v for k, v in body.items() if k not in known}
+    """The chat request equivalent to a Messages request (unknown fields pass through).
+
+    Raises `BadRequest` (answered in Anthropic's envelope) for content it can't capture.
+    """
+    chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _MESSAGES_FIELDS}
     chat.update({k: body[k] for k in _SAMPLING if k in body})
     chat["model"] = body.get("model", "")
     chat["max_tokens"] = body["max_tokens"]
@@ -33,70 +60,121 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
     chat["messages"] = messages
     if isinstance(body.get("tools"), list):
         chat["tools"] = [_chat_tool(t) for t in body["tools"] if isinstance(t, dict)]
-    choice = _tool_choice(body.get("tool_choice"))
-    if choice is not None:
-        chat["tool_choice"] = choice
+    _tool_choice(body.get("tool_choice"), chat)
+    _reasoning(body, chat)
     return chat
 
 
-def _text(content: Any) -> str:
+def _blocks(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text"
-        )
-    return ""
+        return [{"type": "text", "text": content}]
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _text(content: Any) -> str:
+    return "".join(str(b.get("text", "")) for b in _blocks(content) if b.get("type") == "text")
+
+
+def _system_text(content: Any) -> str:
+    """System text without Claude Code's billing header line."""
+    texts = [b for b in _blocks(content) if b.get("type") == "text"]
+    return "".join(
+        str(b.get("text", "")) for b in texts if not str(b.get("text", "")).startswith(_BILLING_HEADER)
+    )
 
 
 def _system_messages(system: Any) -> list[dict[str, Any]]:
-    text = _text(system)
+    text = _system_text(system)
     return [{"role": "system", "content": text}] if text else []
 
 
 def _chat_messages(message: Any) -> list[dict[str, Any]]:
+    """One Messages turn as chat messages: tool results first, then the turn itself."""
     if not isinstance(message, dict):
         return []
     role = message.get("role", "user")
+    if role == "system":
+        return _system_messages(message.get("content"))
     content = message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
-    results = [
-        {"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")), "content": _text(b.get("content"))}
-        for b in blocks
-        if b.get("type") == "tool_result"
-    ]
-    calls = [
-        {"id": str(b.get("id", "")), "type": "function",
-         "function": {"name": str(b.get("name", "")), "arguments": _json.encode(b.get("input", {})).decode()}}
-        for b in blocks
-        if b.get("type") == "tool_use"
-    ]  # fmt: skip
+    blocks = _blocks(content)
+    _refuse_unknown(blocks)
+    out: list[dict[str, Any]] = [_tool_message(b) for b in blocks if b.get("type") == "tool_result"]
+    calls = [_tool_call(b) for b in blocks if b.get("type") == "tool_use"]
+    reasoning = "".join(str(b.get("thinking", "")) for b in blocks if b.get("type") == "thinking")
     text = _text(blocks)
-    out: list[dict[str, Any]] = list(results)
-    if text or calls or not results:
+    if text or calls or reasoning or not out:
         entry: dict[str, Any] = {"role": role, "content": text}
         if calls:
             entry["tool_calls"] = calls
+        if reasoning:
+            entry["reasoning"] = reasoning
         out.append(entry)
     return out
 
 
+def _refuse_unknown(blocks: list[dict[str, Any]]) -> None:
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "image":
+            raise BadRequest("image blocks are not supported: a span records token ids, not pixels")
+        if kind not in _CONTENT_BLOCKS:
+            raise BadRequest(f"content block type {kind!r} is not supported by this gateway")
+        if kind == "tool_result":
+            _refuse_unknown([b for b in _blocks(block.get("content")) if b.get("type") != "text"])
+
+
+def _tool_message(block: dict[str, Any]) -> dict[str, Any]:
+    texts = [str(b.get("text", "")) for b in _blocks(block.get("content")) if b.get("type") == "text"]
+    return {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": "\n".join(texts)}
+
+
+def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
+    # Spelled as vLLM's Messages route (and hermes-style models) write JSON: `{"a": 1}`.
+    arguments = json.dumps(block.get("input") or {})
+    function = {"name": str(block.get("name", "")), "arguments": arguments}
+    return {"id": str(block.get("id", "")), "type": "function", "function": function}
+
+
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    function = {"name": tool.get("name", ""), "parameters": tool.get("input_schema", {})}
+    """OpenAI's function tool, its keys in OpenAI's order (templates render the JSON as given)."""
+    function: dict[str, Any] = {"name": tool.get("name", "")}
     if tool.get("description"):
         function["description"] = tool["description"]
+    function["parameters"] = tool.get("input_schema", {})
     return {"type": "function", "function": function}
 
 
-def _tool_choice(choice: Any) -> Any:
+def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
     if not isinstance(choice, dict):
-        return None
+        return
     kind = choice.get("type")
     if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name", "")}}
-    return {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
+        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name", "")}}
+    elif kind in ("auto", "any", "none"):
+        chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
+    if choice.get("disable_parallel_tool_use"):
+        chat["parallel_tool_calls"] = False
+
+
+def _reasoning(body: dict[str, Any], chat: dict[str, Any]) -> None:
+    """`thinking` and `output_config` as vLLM's chat parameters (as vLLM's Messages route maps them)."""
+    config = body.get("output_config")
+    config = config if isinstance(config, dict) else {}
+    if isinstance(config.get("effort"), str):
+        chat["reasoning_effort"] = config["effort"]
+    schema = config.get("format")
+    if isinstance(schema, dict) and isinstance(schema.get("schema"), dict):
+        chat["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "output", "schema": schema["schema"]}}  # fmt: skip
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict):
+        return
+    if thinking.get("type") == "enabled" and isinstance(thinking.get("budget_tokens"), int):
+        chat["thinking_token_budget"] = thinking["budget_tokens"]
+    elif thinking.get("type") == "disabled":
+        chat["reasoning_effort"] = "none"
 
 
 def to_message(chat: dict[str, Any], model: str) -> dict[str, Any]:
@@ -105,22 +183,41 @@ def to_message(chat: dict[str, Any], model: str) -> dict[str, Any]:
     choice = choices[0] if isinstance(choices[0], dict) else {}
     message = choice.get("message") or {}
     content: list[dict[str, Any]] = []
+    reasoning = reasoning_of(message)
+    if reasoning:
+        content.append({"type": "thinking", "thinking": reasoning, "signature": signature(chat.get("id"))})
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     content += [_tool_use(call) for call in message.get("tool_calls") or [] if isinstance(call, dict)]
     usage = chat.get("usage") or {}
     stop_reason, stop_sequence = stop_of(choice)
     return {
-        "id": "msg_" + str(chat.get("id", "")).removeprefix("chatcmpl-"),
+        "id": message_id(chat.get("id")),
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": content,
+        "content": content or [{"type": "text", "text": ""}],
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
         "usage": {"input_tokens": usage.get("prompt_tokens", 0),
                   "output_tokens": usage.get("completion_tokens", 0)},
     }  # fmt: skip
+
+
+def message_id(chat_id: Any) -> str:
+    """The Messages id of a chat completion id."""
+    return "msg_" + str(chat_id or "").removeprefix("chatcmpl-")
+
+
+def signature(chat_id: Any) -> str:
+    """A thinking block's `signature`: opaque to clients; here it only names the call it came from."""
+    return "sig_" + str(chat_id or "").removeprefix("chatcmpl-")
+
+
+def reasoning_of(message: dict[str, Any]) -> str:
+    """The reasoning text of a chat message or delta (vLLM 0.31 `reasoning`, older `reasoning_content`)."""
+    value = message.get("reasoning") or message.get("reasoning_content")
+    return value if isinstance(value, str) else ""
 
 
 def stop_of(choice: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -142,105 +239,13 @@ def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
             "input": arguments}  # fmt: skip
 
 
-class MessageStream:
-    """Turns one chat completion stream into the Messages event sequence."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.started = False
-        self.block = -1
-        self.block_kind: str | None = None
-        self.tool_blocks: dict[int, int] = {}
-        self.stop: tuple[str | None, str | None] = (None, None)
-        self.usage = {"input_tokens": 0, "output_tokens": 0}
-
-    def chunk(self, data: dict[str, Any]) -> bytes:
-        """The Messages events for one chat chunk."""
-        out: list[bytes] = []
-        if not self.started:
-            self.started = True
-            message = to_message({"id": data.get("id", ""), "choices": [{"message": {}}]}, self.model)
-            message["stop_reason"] = None
-            out.append(_event("message_start", {"type": "message_start", "message": message}))
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            self.usage = {"input_tokens": usage.get("prompt_tokens", 0),
-                          "output_tokens": usage.get("completion_tokens", 0)}  # fmt: skip
-        for choice in data.get("choices") or []:
-            if isinstance(choice, dict) and choice.get("index", 0) == 0:
-                out += self._delta(choice)
-        return b"".join(out)
-
-    def _delta(self, choice: dict[str, Any]) -> list[bytes]:
-        out: list[bytes] = []
-        delta = choice.get("delta") or {}
-        if delta.get("content"):
-            out += self._open("text", {"type": "text", "text": ""})
-            payload = {"type": "text_delta", "text": delta["content"]}
-            out.append(
-                _event(
-                    "content_block_delta",
-                    {"type": "content_block_delta", "index": self.block, "delta": payload},
-                )
-            )
-        for call in delta.get("tool_calls") or []:
-            out += self._tool_delta(call)
-        if choice.get("finish_reason"):
-            self.stop = stop_of(choice)
-        return out
-
-    def _tool_delta(self, call: dict[str, Any]) -> list[bytes]:
-        out: list[bytes] = []
-        function = call.get("function") or {}
-        position = call.get("index", 0)
-        if position not in self.tool_blocks:
-            block = {
-                "type": "tool_use",
-                "id": call.get("id", ""),
-                "name": function.get("name", ""),
-                "input": {},
-            }
-            out += self._open(f"tool{position}", block, force=True)
-            self.tool_blocks[position] = self.block
-        if function.get("arguments"):
-            payload = {"type": "input_json_delta", "partial_json": function["arguments"]}
-            index = self.tool_blocks[position]
-            out.append(
-                _event(
-                    "content_block_delta", {"type": "content_block_delta", "index": index, "delta": payload}
-                )
-            )
-        return out
-
-    def _open(self, kind: str, block: dict[str, Any], *, force: bool = False) -> list[bytes]:
-        if self.block_kind == kind and not force:
-            return []
-        out = self._close()
-        self.block += 1
-        self.block_kind = kind
-        out.append(
-            _event(
-                "content_block_start",
-                {"type": "content_block_start", "index": self.block, "content_block": block},
-            )
-        )
-        return out
-
-    def _close(self) -> list[bytes]:
-        if self.block_kind is None:
-            return []
-        self.block_kind = None
-        return [_event("content_block_stop", {"type": "content_block_stop", "index": self.block})]
-
-    def finish(self) -> bytes:
-        """The closing events (sent once the span is stored): block stop, message_delta, stop."""
-        reason, sequence = self.stop
-        stop = {"stop_reason": reason or "end_turn", "stop_sequence": sequence}
-        usage = {"output_tokens": self.usage["output_tokens"]}
-        delta = {"type": "message_delta", "delta": stop, "usage": usage}
-        return b"".join([*self._close(), _event("message_delta", delta),
-                         _event("message_stop", {"type": "message_stop"})])  # fmt: skip
-
-
-def _event(name: str, payload: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + _json.encode(payload) + b"\n\n"
+def error_body(raw: bytes, status: int) -> bytes:
+    """An upstream (OpenAI-shaped) error body in Anthropic's envelope, its message kept."""
+    try:
+        decoded = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        decoded = None
+    error = decoded.get("error") if isinstance(decoded, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    text = str(message) if message else raw.decode(errors="replace")[:1000]
+    return error_for_status(status, text).body("anthropic")

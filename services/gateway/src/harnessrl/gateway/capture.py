@@ -22,6 +22,8 @@ class Asked(msgspec.Struct, kw_only=True):
     logprobs: bool = False
     usage: bool = False
     response_messages: bool = False
+    # Responses only: the client's request, whose fields its answer echoes (see `responses.Shape`).
+    request: dict[str, Any] | None = None
 
 
 class ChoiceCapture:

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from harnessrl.gateway.anthropic import to_chat_request, to_message
+from harnessrl.gateway import responses
+from harnessrl.gateway.anthropic import error_body, to_chat_request, to_message
 from harnessrl.gateway.capture import Asked, Capture, content_logprobs, token_logprobs
 from harnessrl.gateway.errors import Dialect
 from harnessrl.shared.contracts import ApiKind
-
-_RESPONSES_LOGPROBS = "message.output_text.logprobs"
-_RESPONSES_FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 class Api:
@@ -42,6 +40,10 @@ class Api:
     def is_final(self, event: str | None, data: bytes) -> bool:
         """Whether this stream event is the last one (held back until the span is published)."""
         return data == b"[DONE]"
+
+    def upstream_error(self, status: int, raw: bytes) -> bytes:
+        """An upstream's error body as the client gets it (the upstream speaks this API: as is)."""
+        return raw
 
 
 class ChatApi(Api):
@@ -154,63 +156,41 @@ class CompletionsApi(Api):
             choice["prompt_token_ids"] = None
 
 
-class ResponsesApi(Api):
-    """`/v1/responses`: vLLM's raw input/output messages carry the ids; logprobs per text part."""
+class ResponsesApi(ChatApi):
+    """`/v1/responses`, sent to vLLM's chat endpoint so that every sampled token is captured.
+
+    vLLM's own Responses route drops the logprobs of function-call and reasoning turns (see
+    `responses`); its chat route renders the same prompt and returns ids and logprobs for every
+    token, so the call is captured there and answered as a Responses object or event stream.
+    """
 
     kind: ClassVar[ApiKind] = "responses"
-    path = upstream_path = "/v1/responses"
+    path = "/v1/responses"
+    upstream_path = "/v1/chat/completions"
 
     def prepare(self, body: dict[str, Any]) -> Asked:
-        """Ask for raw messages (token ids) and output text logprobs."""
+        """Rewrite the Responses request as a chat request (in place), then inject as for chat."""
         include = body.get("include")
-        include = list(include) if isinstance(include, list) else []
         asked = Asked(
-            logprobs=_RESPONSES_LOGPROBS in include,
+            logprobs=isinstance(include, list) and responses.LOGPROBS_INCLUDE in include,
             response_messages=bool(body.get("enable_response_messages")),
+            request=body.copy(),
         )
-        if not asked.logprobs:
-            include.append(_RESPONSES_LOGPROBS)
-        body["include"] = include
-        body["enable_response_messages"] = True
+        chat = responses.to_chat_request(body)
+        body.clear()
+        body.update(chat)
+        super().prepare(body)
         return asked
 
     def capture_body(self, body: dict[str, Any], asked: Asked, capture: Capture) -> dict[str, Any]:
-        """Read the finished response object."""
-        inputs = body.get("input_messages")
-        if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict):
-            capture.set_prompt(inputs[0].get("tokens"))
-        slot = capture.choice(0)
-        for message in body.get("output_messages") or []:
-            if isinstance(message, dict):
-                slot.add(message.get("tokens"), [], None)
-        for item in body.get("output") or []:
-            for part in _parts(item):
-                slot.add(None, content_logprobs({"content": part.get("logprobs")}), part.get("text"))
-                if not asked.logprobs:
-                    part["logprobs"] = None
-        slot.finish_reason = body.get("status") if isinstance(body.get("status"), str) else None
-        capture.set_usage(body.get("usage"), anthropic=True)
-        if not asked.response_messages:
-            body["input_messages"] = body["output_messages"] = None
-        if not asked.logprobs:
-            body["top_logprobs"] = None
-        return body
-
-    def capture_event(self, event: str | None, data: dict[str, Any], asked: Asked, capture: Capture) -> bool:
-        """Capture from the final event's response; strip logprobs from deltas."""
-        kind = data.get("type")
-        response = data.get("response")
-        if kind in _RESPONSES_FINAL and isinstance(response, dict):
-            self.capture_body(response, asked, capture)
-        elif isinstance(response, dict) and not asked.logprobs:
-            response["top_logprobs"] = None
-        if not asked.logprobs:
-            _strip_responses_logprobs(data)
-        return True
-
-    def is_final(self, event: str | None, data: bytes) -> bool:
-        """The response's terminal event."""
-        return event in _RESPONSES_FINAL or data == b"[DONE]"
+        """Capture the chat completion; answer the Responses object it is equivalent to."""
+        super().capture_body(body, asked, capture)
+        answer = responses.to_response(body, responses.Shape(asked.request or {}, logprobs=asked.logprobs))
+        if asked.response_messages:
+            first = capture.choices.get(0)
+            answer["input_messages"] = [{"tokens": capture.prompt_ids or []}]
+            answer["output_messages"] = [{"tokens": first.token_ids if first else []}]
+        return answer
 
 
 class MessagesApi(ChatApi):
@@ -232,6 +212,10 @@ class MessagesApi(ChatApi):
         """Capture the chat completion; answer the Messages response it is equivalent to."""
         super().capture_body(body, asked, capture)
         return to_message(body, str(body.get("model", "")))
+
+    def upstream_error(self, status: int, raw: bytes) -> bytes:
+        """The chat error vLLM answered (OpenAI envelope), in Anthropic's envelope."""
+        return error_body(raw, status)
 
 
 def _stream_usage(body: dict[str, Any]) -> bool:
@@ -259,23 +243,6 @@ def _strip_choice(choice: dict[str, Any], asked: Asked, *, pop: bool) -> None:
             choice["token_ids"] = None
     if not asked.logprobs:
         choice["logprobs"] = None
-
-
-def _parts(item: Any) -> list[dict[str, Any]]:
-    if not isinstance(item, dict) or not isinstance(item.get("content"), list):
-        return []
-    return [p for p in item["content"] if isinstance(p, dict) and p.get("type") == "output_text"]
-
-
-def _strip_responses_logprobs(data: dict[str, Any]) -> None:
-    if "logprobs" in data:
-        data["logprobs"] = []
-    part = data.get("part")
-    if isinstance(part, dict) and "logprobs" in part:
-        part["logprobs"] = None
-    for item in (data.get("item"),):
-        for part in _parts(item):
-            part["logprobs"] = None
 
 
 API_BY_PATH: dict[str, Api] = {

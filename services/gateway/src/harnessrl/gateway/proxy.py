@@ -63,6 +63,8 @@ _REQUIRED_FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
 }
 
 
+# Request parameters are stored in the span: deeper nesting than this is refused (decoders recurse).
+_MAX_PARAM_DEPTH = 32
 _SHUTTING_DOWN = Unavailable("the gateway is shutting down", retry_after=1.0)
 
 
@@ -154,6 +156,7 @@ class Proxy:
         body = _parse_body(await read_body(scope, receive, self.settings.max_body_bytes), api)
         call = CallRecord(run=claims.run, episode=claims.episode, api=api.kind, span_id=new_id("span"))
         call.params = request_params(body)
+        _check_depth(call.params)
         call.stream = body.get("stream") is True
         asked = api.prepare(body)
         gate = self.gateway.gate
@@ -183,7 +186,7 @@ class Proxy:
     ) -> int:  # fmt: skip
         upstream, status, raw, headers = await self.forwarder.call(api, call, body, scope)
         if status != 200:
-            await respond(send, status, raw, headers)
+            await respond(send, status, api.upstream_error(status, raw), headers)
             return status
         capture = Capture()
         try:
@@ -208,6 +211,8 @@ def _parse_body(raw: bytes, api: Api) -> dict[str, Any]:
         body = _decoder.decode(raw)
     except msgspec.DecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # msgspec's decoder recurses per level: a deep body is refused
+        raise BadRequest("request body is nested too deeply") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     for name, kind in _REQUIRED_FIELDS[api.kind]:
@@ -219,6 +224,27 @@ def _parse_body(raw: bytes, api: Api) -> dict[str, Any]:
     if "model" in body and not isinstance(body["model"], str):
         raise BadRequest("`model` must be a string")
     return body
+
+
+def _check_depth(params: dict[str, Any]) -> None:
+    """Refuse a stored parameter nested so deep that the span could not be decoded again."""
+    for name, value in params.items():
+        if isinstance(value, dict | list) and _depth(value) > _MAX_PARAM_DEPTH:
+            raise BadRequest(f"`{name}` is nested deeper than {_MAX_PARAM_DEPTH} levels")
+
+
+def _depth(value: dict[str, Any] | list[Any]) -> int:
+    """How many containers deep `value` goes (iteratively: no recursion limit)."""
+    deepest, level = 0, [value]
+    while level:
+        deepest += 1
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, dict | list)
+        ]
+    return deepest
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:

@@ -13,9 +13,10 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.gateway.anthropic import MessageStream
+from harnessrl.gateway.anthropic_stream import MessageStream
 from harnessrl.gateway.capture import Asked, Capture
 from harnessrl.gateway.dialects import Api
+from harnessrl.gateway.responses import ResponseStream, Shape, failed_event
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -132,7 +133,28 @@ class MessagesRelay(EventRelay):
         return self.stream.chunk(data)
 
 
+class ResponsesRelay(EventRelay):
+    """Chat chunks in, Responses events out (`responses.ResponseStream`)."""
+
+    def __init__(self, api: Api, asked: Asked, capture: Capture) -> None:
+        super().__init__(api, asked, capture)
+        self.stream = ResponseStream(Shape(asked.request or {}, logprobs=asked.logprobs))
+
+    def feed(self, event: SseEvent) -> bytes:
+        """Translate one chat chunk; `[DONE]` becomes the closing events; an error, `response.failed`."""
+        if event.data == b"[DONE]":
+            return self.stream.finish_events()
+        data = self._decode(event)
+        if data is None or ("error" in data and "choices" not in data):
+            error = data.get("error") if data is not None else None
+            message = error.get("message") if isinstance(error, dict) else None
+            return failed_event(str(message or event.data.decode(errors="replace")))
+        usage = data.get("usage")  # read first: the capture strips it from what it hands on
+        self.api.capture_event(event.name, data, self.asked, self.capture)
+        return self.stream.chunk(data, usage)
+
+
 def relay_for(api: Api, asked: Asked, capture: Capture) -> EventRelay:
     """The relay of `api`'s streams."""
-    kind = MessagesRelay if api.kind == "messages" else EventRelay
-    return kind(api, asked, capture)
+    relays: dict[str, type[EventRelay]] = {"messages": MessagesRelay, "responses": ResponsesRelay}
+    return relays.get(api.kind, EventRelay)(api, asked, capture)

@@ -23,6 +23,7 @@ from harnessrl.gateway.episode_spans import EpisodeSpans
 from harnessrl.gateway.errors import ApiError
 from harnessrl.gateway.forwarding import Forwarder
 from harnessrl.gateway.recorder import CallRecord
+from harnessrl.gateway.responses import failed_event
 from harnessrl.gateway.sse import SSE_HEADERS, SseEvent, SseParser, relay_for
 from harnessrl.shared.contracts import SpanStatus
 from harnessrl.shared.log import get_logger
@@ -112,7 +113,9 @@ async def relay_stream(
         finally:
             forwarder.finish(upstream, response)
         content_type = response.headers.get("content-type", "application/json").encode()
-        await respond(send, response.status, raw, [(b"content-type", content_type)])
+        await respond(
+            send, response.status, api.upstream_error(response.status, raw), [(b"content-type", content_type)]
+        )
         return response.status
     relay = StreamRelay(forwarder, api, call, spans, asked)
     headers = [*SSE_HEADERS, span_header(call.span_id)]
@@ -141,6 +144,8 @@ async def _send_error_event(send: Send, api: Api, message: str) -> None:
     if api.dialect == "anthropic":
         payload = {"type": "error", "error": {"type": "api_error", "message": message}}
         frame = b"event: error\ndata: " + _encoder.encode(payload) + b"\n\n"
+    elif api.kind == "responses":
+        frame = failed_event(message)
     else:
         frame = b"data: " + _encoder.encode({"error": {"message": message, "type": "server_error"}})
         frame += b"\n\n"
