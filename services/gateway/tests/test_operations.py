@@ -228,6 +228,23 @@ async def test_metrics_follow_prometheus_conventions(canned: CannedUpstream, bus
     assert episode.episode not in text and episode.run not in text
 
 
+async def test_hosted_tools_left_out_of_a_responses_call_are_counted(
+    canned: CannedUpstream, bus: Bus
+) -> None:
+    episode = KeyedEpisode()
+    tools = [{"type": "web_search"}, {"type": "function", "name": "bash", "parameters": {"type": "object"}}]
+    async with serve_gateway(settings_for([canned.url]), bus) as gateway:
+        status, _, _ = await _request(
+            "POST", gateway.url + "/v1/responses", key=episode.key, json={"input": "hi", "tools": tools}
+        )
+        _, text, _ = await _request("GET", gateway.url + "/metrics")
+    assert status == 200
+    assert [tool["function"]["name"] for tool in canned.bodies[-1]["tools"]] == ["bash"]
+    assert (
+        'harnessrl_gateway_request_parts_left_out_total{part="hosted_tool",route="/v1/responses"} 1.0' in text
+    )
+
+
 async def test_the_gateway_summarises_its_metrics_and_consumer_lag_on_the_bus(
     canned: CannedUpstream, bus: Bus
 ) -> None:

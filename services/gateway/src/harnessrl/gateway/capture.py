@@ -24,6 +24,8 @@ class Asked(msgspec.Struct, kw_only=True):
     response_messages: bool = False
     # Responses only: the client's request, whose fields its answer echoes (see `responses.Shape`).
     request: dict[str, Any] | None = None
+    # Parts of the request not forwarded to vLLM, by kind (counted in the gateway's metrics).
+    left_out: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class ChoiceCapture:

@@ -176,6 +176,9 @@ class ResponsesApi(ChatApi):
             response_messages=bool(body.get("enable_response_messages")),
             request=body.copy(),
         )
+        hosted = responses.hosted_tools(body.get("tools"))
+        if hosted:
+            asked.left_out["hosted_tool"] = hosted
         chat = responses.to_chat_request(body)
         body.clear()
         body.update(chat)

@@ -58,6 +58,13 @@ class GatewayMetrics:
             "LLM calls currently in flight.",
             registry=self.registry,
         )
+        self.left_out = Counter(
+            "harnessrl_gateway_request_parts_left_out",
+            "Parts of requests not forwarded to vLLM (e.g. hosted tools a Responses call declares), "
+            "by route and kind.",
+            ["route", "part"],
+            registry=self.registry,
+        )
         self.upstream_retries = Counter(
             "harnessrl_gateway_upstream_retries",
             "Calls retried on another replica because the first could not be reached.",

@@ -159,6 +159,8 @@ class Proxy:
         _check_depth(call.params)
         call.stream = body.get("stream") is True
         asked = api.prepare(body)
+        for part, count in asked.left_out.items():
+            self.metrics.left_out.labels(api.path, part).inc(count)
         gate = self.gateway.gate
         if not await gate.enter():
             raise Unavailable("paused for a weight update", retry_after=5.0)

@@ -208,6 +208,13 @@ def chat_tools(tools: Any) -> tuple[list[dict[str, Any]], int]:
     return out, dropped
 
 
+def hosted_tools(tools: Any) -> int:
+    """How many hosted tools (web search, ...) a request declares: nothing here can run them."""
+    if not isinstance(tools, list):
+        return 0
+    return sum(isinstance(t, dict) and t.get("type") not in ("function", "namespace") for t in tools)
+
+
 def _members(namespace: dict[str, Any]) -> list[dict[str, Any]]:
     """The function tools of a `namespace` tool."""
     tools = namespace.get("tools")
