@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BENCHES := bus gateway reward controller trainer scale
 PYTEST_ARGS ?=
 
-.PHONY: dev check test demo bench $(addprefix bench-,$(BENCHES)) fmt
+.PHONY: dev check test demo bench $(addprefix bench-,$(BENCHES)) fmt images cluster-check
 
 dev:
 	@bash scripts/dev.sh
@@ -22,7 +22,7 @@ fmt: dev
 	$(VENV)/bin/ruff check --fix .
 
 test: check
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not images" $(PYTEST_ARGS)
 
 demo: dev
 	$(VENV)/bin/harnessrl demo
@@ -36,3 +36,28 @@ $(addprefix bench-,$(BENCHES)): bench-%: dev
 		|| apt-get install -y -qq haproxy >/dev/null 2>&1 \
 		|| echo "haproxy not installable here: bench-scale needs its load balancer (apt-get install haproxy)"
 	$(PY) -m harnessrl.benchmarks $*
+
+# Faults and endurance, outside `make test`: flags through CHAOS_ARGS / SOAK_ARGS, e.g.
+# `make chaos CHAOS_ARGS="--calls 300 --kills 5 --seed 3"`, `make soak SOAK_ARGS="--minutes 3"`.
+.PHONY: chaos soak
+chaos: dev
+	@command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || apt-get install -y -qq haproxy >/dev/null 2>&1 \
+		|| echo "haproxy not installable here: chaos needs its load balancer (apt-get install haproxy)"
+	$(PY) -m harnessrl.benchmarks.chaos $(CHAOS_ARGS)
+
+soak: dev
+	$(PY) -m harnessrl.benchmarks.soak $(SOAK_ARGS)
+
+# Every tap on the event stream of one short real run (export, replay, OTLP, dashboard, metrics).
+.PHONY: analytics-check
+analytics-check: dev
+	$(PY) -m harnessrl.benchmarks.analytics_check $(ANALYTICS_ARGS)
+
+# Container images (podman, offline wheelhouse, cached by input hash) and the chart's local-cpu
+# scenario run in them end to end (its last line is one JSON object).
+images: dev
+	@bash scripts/images.sh
+
+cluster-check: images
+	$(PY) -m pytest -m images tests/test_images.py
+	$(PY) -m harnessrl.benchmarks cluster_check

@@ -1,0 +1,347 @@
+"""The chart's rendered workloads run in real containers on this machine (`make cluster-check`).
+
+`render()` runs the real `helm template`; `LocalCluster` starts every Deployment and StatefulSet
+replica as podman containers (`pods.run_args`: the pod spec's image, command, env, volumes,
+security context and limits), on a podman network where each pod answers to the DNS names its
+Services give it (`<svc>`, `<svc>.<ns>.svc`, and `<pod>.<svc>...` for StatefulSet pods): network
+aliases stand in for Services and kube-proxy. Episode pods get a second network that only the
+gateway pods join, both networks `--internal` (no route out, none to the other network), standing
+in for the episode NetworkPolicy. A pod is ready when its readiness probe (else its liveness
+probe) passes from this machine against the pod's address.
+
+The chart names one image for every harnessrl service; `IMAGE_OF` maps it to the per-service
+image `make images` builds (until the chart takes an image per service).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harnessrl.testkit import pods
+from harnessrl.testkit.images import IMAGE_BY_NAME
+from harnessrl.testkit.tools import HELM
+
+ROOT = Path(__file__).resolve().parents[4]
+CHART = ROOT / "charts" / "harnessrl"
+LOCAL_CPU_VALUES = CHART / "ci" / "local-cpu-values.yaml"
+RELEASE = "hrl"
+NAMESPACE = "default"
+# A pod restarted more often than this while waiting for readiness counts as crash-looping.
+MAX_RESTARTS = 3
+CLUSTER_NET = "hrl-cluster"
+EPISODE_NET = "hrl-episodes"
+COMPONENT = "app.kubernetes.io/component"
+# Images the chart's local-cpu scenario names -> what `make images` builds.
+CHART_SERVICE_IMAGE = "localhost/harnessrl:cpu"
+# The bundled NATS image can't be pulled here: the chart's `nats.image` selects ours. vLLM-CPU's
+# sampler goes through torch.compile, whose inductor needs a C++ compiler the image doesn't carry:
+# run it eagerly (belongs in ci/local-cpu-values.yaml's vllm.env).
+LOCAL_SETS = (
+    "nats.image.repository=localhost/harnessrl-nats",
+    "nats.image.tag=cpu",
+    "vllm.env.TORCHDYNAMO_DISABLE=1",
+)
+
+
+class ClusterError(RuntimeError):
+    """The rendered chart could not be run, or a pod never became ready."""
+
+
+def render(
+    values: Sequence[Path] = (LOCAL_CPU_VALUES,), sets: Sequence[str] = LOCAL_SETS
+) -> list[dict[str, Any]]:
+    """`helm template` of the chart, every document parsed."""
+    command = [str(HELM), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    for path in values:
+        command += ["-f", str(path)]
+    for item in sets:
+        command += ["--set", item]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ClusterError(f"helm template failed: {done.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(done.stdout) if isinstance(d, dict)]
+
+
+def image_of(image: str, component: str) -> str:
+    """The image a container runs here: the chart's shared service image becomes the service's own."""
+    if image == CHART_SERVICE_IMAGE and component in IMAGE_BY_NAME:
+        return IMAGE_BY_NAME[component].ref
+    return image
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A Deployment or StatefulSet of the rendered chart."""
+
+    kind: str
+    name: str
+    replicas: int
+    template: dict[str, Any]
+    service_name: str = ""
+    claim_templates: tuple[str, ...] = ()
+
+    @property
+    def component(self) -> str:
+        """The `app.kubernetes.io/component` label of its pods."""
+        return str(self.template["metadata"]["labels"].get(COMPONENT, self.name))
+
+    def pod_names(self) -> list[str]:
+        """Pod names as Kubernetes gives them (ordinals for StatefulSets)."""
+        if self.kind == "StatefulSet":
+            return [f"{self.name}-{i}" for i in range(self.replicas)]
+        return [f"{self.name}-{i}" for i in range(self.replicas)]
+
+
+def workloads(objects: Sequence[Mapping[str, Any]]) -> list[Workload]:
+    """The Deployments and StatefulSets, in document order."""
+    found = []
+    for obj in objects:
+        if obj.get("kind") not in ("Deployment", "StatefulSet"):
+            continue
+        spec = obj["spec"]
+        claims = tuple(t["metadata"]["name"] for t in spec.get("volumeClaimTemplates") or [])
+        found.append(
+            Workload(
+                obj["kind"],
+                obj["metadata"]["name"],
+                int(spec.get("replicas", 1)),
+                spec["template"],
+                str(spec.get("serviceName", "")),
+                claims,
+            )
+        )
+    return found
+
+
+def service_aliases(objects: Sequence[Mapping[str, Any]], labels: Mapping[str, str], pod: str) -> list[str]:
+    """DNS names Services give a pod: every Service selecting it, and its StatefulSet pod name."""
+    names: list[str] = []
+    for obj in objects:
+        if obj.get("kind") != "Service":
+            continue
+        selector = obj["spec"].get("selector") or {}
+        if not selector or any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        svc = obj["metadata"]["name"]
+        names += _dns(svc)
+        if obj["spec"].get("clusterIP") == "None":
+            names += _dns(f"{pod}.{svc}")
+    return sorted(set(names))
+
+
+def _dns(name: str) -> list[str]:
+    return [name, f"{name}.{NAMESPACE}", f"{name}.{NAMESPACE}.svc", f"{name}.{NAMESPACE}.svc.cluster.local"]
+
+
+@dataclass
+class RunningPod:
+    """One replica started as containers."""
+
+    name: str
+    component: str
+    container: str
+    spec: dict[str, Any]
+    main: dict[str, Any]
+    ready: bool = False
+
+
+@dataclass
+class LocalCluster:
+    """The rendered chart's workloads as podman containers; `start()`, `wait_ready()`, `stop()`."""
+
+    objects: list[dict[str, Any]]
+    state: Path
+    # Per component: extra environment (the stand-in API server's address, for example).
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Claim name -> (folder inside it, folder to copy there) before the pods start (the model).
+    seed: Mapping[str, tuple[str, Path]] = field(default_factory=dict)
+    pods: list[RunningPod] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.refs = pods.Objects()
+        for obj in self.objects:
+            self.refs.add(obj)
+
+    # -- networks ------------------------------------------------------------------------------
+
+    def create_networks(self) -> None:
+        """The service network and the episode network (internal, isolated from each other)."""
+        for net in (CLUSTER_NET, EPISODE_NET):
+            subprocess.run(["podman", "network", "rm", "-f", net], capture_output=True, check=False)
+            _podman("network", "create", "--internal", "--opt", "isolate=true", net)
+
+    def gateway_ip(self, net: str = CLUSTER_NET) -> str:
+        """This machine's address on a network (where the stand-in API server listens)."""
+        out = _podman("network", "inspect", "--format", "{{range .Subnets}}{{.Gateway}}{{end}}", net)
+        return out.strip()
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    def claims(self, workload: Workload, pod: str) -> dict[str, Path]:
+        """Host folders of the claims a pod mounts, owned by its fsGroup, seeded once."""
+        folders: dict[str, Path] = {}
+        spec = workload.template["spec"]
+        owner = int((spec.get("securityContext") or {}).get("fsGroup", 65532))
+        wanted = [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in spec.get("volumes") or []
+            if "persistentVolumeClaim" in v
+        ]
+        for claim in wanted:
+            folders[claim] = self._claim(claim, owner)
+        for template in workload.claim_templates:
+            folders[template] = self._claim(f"{template}-{pod}", owner)
+        return folders
+
+    def _claim(self, name: str, owner: int) -> Path:
+        folder = self.state / "claims" / name
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            if name in self.seed:
+                inside, source = self.seed[name]
+                shutil.copytree(source, folder / inside)
+            subprocess.run(["chown", "-R", f"{owner}:{owner}", str(folder)], check=True)
+        return folder
+
+    def start(self, workload: Workload) -> list[RunningPod]:
+        """Every replica of a workload, its first container (sidecars are not carried over)."""
+        started = []
+        spec = workload.template["spec"]
+        if spec.get("initContainers"):
+            raise ClusterError(f"{workload.name}: init containers are not carried over")
+        for pod in workload.pod_names():
+            labels = workload.template["metadata"].get("labels") or {}
+            networks: dict[str, list[str]] = {CLUSTER_NET: service_aliases(self.objects, labels, pod)}
+            if workload.component == "gateway":
+                networks[EPISODE_NET] = networks[CLUSTER_NET]
+            place = pods.PodPlace(
+                pod, NAMESPACE, networks, self.state / "pods" / pod, self.claims(workload, pod),
+                self.env.get(workload.component, {}),
+            )  # fmt: skip
+            main = spec["containers"][0]
+            image = image_of(main["image"], workload.component)
+            command = pods.run_args(spec, main, self.refs, place, image=image)
+            subprocess.run(["podman", "rm", "-f", f"{pod}-{main['name']}"], capture_output=True, check=False)
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise ClusterError(f"{pod}: podman run failed: {done.stderr.strip()[-2000:]}")
+            running = RunningPod(pod, workload.component, f"{pod}-{main['name']}", spec, main)
+            self.pods.append(running)
+            started.append(running)
+        return started
+
+    def wait_ready(self, group: Sequence[RunningPod], timeout_s: float) -> None:
+        """Poll each pod's readiness (else liveness) probe until all pass; raise on timeout or exit."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for pod in group:
+                if not pod.ready:
+                    pod.ready = self._probe(pod)
+            if all(p.ready for p in group):
+                return
+            dead = [p.name for p in group if self.restarts(p) > MAX_RESTARTS]
+            if dead or time.monotonic() > deadline:
+                why = "is crash-looping" if dead else f"not ready after {timeout_s:.0f} s"
+                names = dead or [p.name for p in group if not p.ready]
+                raise ClusterError(f"{', '.join(names)} {why}:\n{self.logs(names[0])}")
+            time.sleep(2)
+
+    def _probe(self, pod: RunningPod) -> bool:
+        probe = pod.main.get("readinessProbe") or pod.main.get("livenessProbe")
+        if probe is None:
+            return self.running(pod)
+        return pods.probe_ok(pod.main, probe, pod.container, pods.address(pod.container, CLUSTER_NET))
+
+    def restarts(self, pod: RunningPod) -> int:
+        """How often the pod's container was restarted (`restartPolicy: Always`)."""
+        out = _podman("inspect", "--format", "{{.RestartCount}}", pod.container, check=False).strip()
+        return int(out) if out.isdigit() else 0
+
+    def running(self, pod: RunningPod) -> bool:
+        """Whether the pod's container still runs."""
+        out = _podman("inspect", "--format", "{{.State.Running}}", pod.container, check=False)
+        return out.strip() == "true"
+
+    def logs(self, pod_name: str, lines: int = 40) -> str:
+        """The last log lines of a pod's container."""
+        pod = next(p for p in self.pods if p.name == pod_name)
+        done = subprocess.run(
+            ["podman", "logs", "--tail", str(lines), pod.container],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return (done.stdout + done.stderr)[-4000:]
+
+    def identity(self, pod: RunningPod) -> dict[str, Any]:
+        """The user a pod's process runs as and whether its root filesystem is writable."""
+        uid = _podman("exec", pod.container, "python", "-c", "import os; print(os.getuid())", check=False)
+        write = subprocess.run(
+            ["podman", "exec", pod.container, "python", "-c", "open('/probe-write', 'w')"],
+            capture_output=True, check=False,
+        )  # fmt: skip
+        read_only = _podman("inspect", "--format", "{{.HostConfig.ReadonlyRootfs}}", pod.container)
+        return {
+            "uid": int(uid.strip()) if uid.strip().isdigit() else None,
+            "root_writable": write.returncode == 0,
+            "read_only": read_only.strip() == "true",
+        }
+
+    def stop(self) -> None:
+        """Remove every container this cluster started, then its networks."""
+        for pod in self.pods:
+            subprocess.run(["podman", "rm", "-f", "-t", "5", pod.container], capture_output=True, check=False)
+        for net in (CLUSTER_NET, EPISODE_NET):
+            subprocess.run(["podman", "network", "rm", "-f", net], capture_output=True, check=False)
+
+
+def can_connect(
+    network: str, image: str, targets: Sequence[tuple[str, int]], timeout_s: float = 3
+) -> list[bool]:
+    """Whether a hardened throwaway container on `network` can open each (host, port)."""
+    script = (
+        "import socket, sys\n"
+        f"for host, port in {list(targets)!r}:\n"
+        "    try:\n"
+        f"        socket.create_connection((host, port), timeout={timeout_s}).close(); print('open')\n"
+        "    except OSError as exc:\n"
+        "        print('closed', type(exc).__name__)\n"
+    )
+    command = ["podman", "run", "--rm", "--runtime", "runc", "--ulimit", "nofile=1024:1024",
+               "--ulimit", "nproc=1024:1024", "--network", network, "--user", "65532:65532",
+               "--read-only", "--read-only-tmpfs=false", "--cap-drop", "ALL",
+               "--security-opt", "no-new-privileges", "--memory", "256m",
+               "--entrypoint", '["python"]', image, "-c", script]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    answers = [line.startswith("open") for line in done.stdout.splitlines()]
+    if len(answers) != len(targets):
+        raise ClusterError(f"connect probe failed: {done.stderr.strip()[-1000:]}")
+    return answers
+
+
+def first_port(pod: RunningPod) -> int:
+    """The first port a pod's main container declares."""
+    return int((pod.main.get("ports") or [{"containerPort": 80}])[0]["containerPort"])
+
+
+def free_port(host: str) -> int:
+    """A free TCP port on one of this machine's addresses."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _podman(*args: str, check: bool = True) -> str:
+    done = subprocess.run(["podman", *args], capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise ClusterError(f"podman {' '.join(args[:3])} failed: {done.stderr.strip()[-1500:]}")
+    return done.stdout

@@ -1,0 +1,316 @@
+"""One short training run through a `LocalCluster`: the fake API server, episode Jobs as containers.
+
+`TrainingRun.kube_api()` serves the fake Kubernetes API on this machine's address on the service
+network and runs `EpisodeJobs` beside it: every Job the controller creates is started as a
+container of its own pod spec (the hardened security context, its Secret's episode key through
+`secretKeyRef`, emptyDir workspace and /tmp) on the episode network, where only the gateways are
+reachable; its exit code ends the Job through the fake API's hooks, as the Job controller would.
+`train()` submits the demo's multiplication run with the Kubernetes launcher through the control
+API and waits for two trainer steps, then reads what happened off the bus and the pods' metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from harnessrl.shared import subjects
+from harnessrl.shared.bus.nats import NatsBus
+from harnessrl.shared.contracts import (
+    LauncherSpec,
+    RolloutComplete,
+    RunSpec,
+    StepMetrics,
+    WeightVersion,
+    decode,
+)
+from harnessrl.stack.demo.tasks import task_spec, training_pairs, write_tasks
+from harnessrl.testkit import cluster, pods
+from harnessrl.testkit.cluster import CLUSTER_NET, EPISODE_NET, NAMESPACE, LocalCluster, free_port
+from harnessrl.testkit.controller_client import ask, completed
+from harnessrl.testkit.fake_kube import FakeKubeServer
+from harnessrl.testkit.images import IMAGE_BY_NAME
+
+RUN = "demo"  # the chart's local-cpu `trainer.run`
+EPISODE_NAMESPACE = f"{NAMESPACE}-episodes"
+RUN_CONFIGMAP = "hrl-cluster-check-run"
+RUN_MOUNT = "/run-spec"
+STEPS = 2
+GROUP_SIZE = 4
+TASKS_PER_STEP = 2
+TRAIN_TIMEOUT_S = 900.0
+SERVICE_ORDER = ("gateway", "controller", "reward", "trainer")
+READY_TIMEOUT_S = 900.0
+
+
+@dataclass
+class EpisodeJobs:
+    """The stand-in Job controller: each new Job of the fake API runs as a hardened container."""
+
+    api_url: str
+    state: Path
+    started: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    concluded: set[str] = field(default_factory=set)
+    failed_logs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stop_event: threading.Event = field(default_factory=threading.Event)
+
+    def run_forever(self) -> None:
+        """Poll the API's Jobs every second until stopped; a poll that fails is counted, not fatal."""
+        while not self.stop_event.wait(1.0):
+            try:
+                self._poll()
+            except (OSError, pods.PodError, KeyError) as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    def _poll(self) -> None:
+        for job in self._get(f"/apis/batch/v1/namespaces/{EPISODE_NAMESPACE}/jobs")["items"]:
+            name = job["metadata"]["name"]
+            if name not in self.started and not job.get("status", {}).get("conditions"):
+                self.started[name] = self._launch(job)
+        for name, process in self.started.items():
+            if name not in self.concluded and process.poll() is not None:
+                self._conclude(name, process.returncode)
+                self.concluded.add(name)
+
+    def _launch(self, job: dict[str, Any]) -> subprocess.Popen[bytes]:
+        name = job["metadata"]["name"]
+        pod = job["spec"]["template"]["spec"]
+        objects = pods.Objects()
+        for container in pod["containers"]:
+            for item in container.get("env") or []:
+                ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+                if ref and ref["name"] not in objects.secrets:
+                    objects.add(self._get(f"/api/v1/namespaces/{EPISODE_NAMESPACE}/secrets/{ref['name']}"))
+        place = pods.PodPlace(name, EPISODE_NAMESPACE, {EPISODE_NET: []}, self.state / "jobs" / name)
+        if pod.get("initContainers"):
+            raise pods.PodError(f"job {name}: init containers are not carried over")
+        harness = pod["containers"][0]
+        args = pods.run_args(pod, harness, objects, place, image=harness["image"], detach=False)
+        deadline = int(job["spec"].get("activeDeadlineSeconds", 600))
+        (self.state / "jobs").mkdir(parents=True, exist_ok=True)
+        log = (self.state / "jobs" / f"{name}.log").open("wb")
+        return subprocess.Popen(["timeout", str(deadline), *args], stdout=log, stderr=log)
+
+    def _conclude(self, name: str, code: int) -> None:
+        if code == 0:
+            self._post(f"/fake/v1/jobs/{EPISODE_NAMESPACE}/{name}/complete")
+            return
+        reason = "DeadlineExceeded" if code == 124 else "PodFailurePolicy"
+        self._post(f"/fake/v1/jobs/{EPISODE_NAMESPACE}/{name}/fail?reason={reason}&exitCode={code}")
+        log = self.state / "jobs" / f"{name}.log"
+        self.failed_logs.append(f"{name} exit {code}: {log.read_text()[-600:] if log.exists() else ''}")
+
+    def _get(self, path: str) -> dict[str, Any]:
+        with urllib.request.urlopen(self.api_url + path, timeout=10) as answer:  # noqa: S310 - the fake API we started
+            body: dict[str, Any] = json.loads(answer.read())
+            return body
+
+    def _post(self, path: str) -> None:
+        request = urllib.request.Request(self.api_url + path, data=b"", method="POST")  # noqa: S310
+        with urllib.request.urlopen(request, timeout=10):  # noqa: S310 - the fake API we started
+            pass
+
+    def remove_containers(self) -> None:
+        """Remove every episode container (they are named after their Jobs)."""
+        for name in self.started:
+            subprocess.run(["podman", "rm", "-f", f"{name}-harness"], capture_output=True, check=False)
+
+
+@dataclass
+class TrainingRun:
+    """The demo run submitted to the containers, and what it takes to run it there."""
+
+    state: Path
+    jobs: EpisodeJobs | None = None
+
+    def values_file(self) -> Path:
+        """Extra chart values: the run's task file reaches the controller as a ConfigMap volume."""
+        values = {
+            "controller": {
+                "extraVolumes": [{"name": "run-spec", "configMap": {"name": RUN_CONFIGMAP}}],
+                "extraVolumeMounts": [{"name": "run-spec", "mountPath": RUN_MOUNT, "readOnly": True}],
+            }
+        }
+        path = self.state / "cluster-check-values.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(values))
+        return path
+
+    def objects(self) -> list[dict[str, Any]]:
+        """The ConfigMap with the run's tasks (a user would `kubectl create configmap`)."""
+        count = STEPS * TASKS_PER_STEP * 2
+        tasks = write_tasks(
+            self.state / "tasks.jsonl", (task_spec(a, b) for a, b in training_pairs(count, seed=11))
+        )
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": RUN_CONFIGMAP, "namespace": NAMESPACE},
+                "data": {"tasks.jsonl": tasks.read_text()},
+            }
+        ]
+
+    @contextlib.contextmanager
+    def kube_api(self, host: str) -> Iterator[str]:
+        """The fake API server on `host` and the episode job runner, for the block's duration."""
+        loop = asyncio.new_event_loop()
+        server = FakeKubeServer(host=host, port=free_port(host))
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        url = asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+        self.jobs = EpisodeJobs(url, self.state)
+        runner = threading.Thread(target=self.jobs.run_forever, daemon=True)
+        runner.start()
+        try:
+            yield url
+        finally:
+            self.jobs.stop_event.set()
+            runner.join(10)
+            self.jobs.remove_containers()
+            asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+
+    def spec(self) -> RunSpec:
+        """The demo's run with the Kubernetes launcher and the demo harness image."""
+        return RunSpec(
+            run=RUN,
+            tasks=f"{RUN_MOUNT}/tasks.jsonl",
+            group_size=GROUP_SIZE,
+            batch_tasks=TASKS_PER_STEP,
+            max_concurrent=GROUP_SIZE * TASKS_PER_STEP,
+            mode="sync",
+            staleness=0,
+            max_steps=STEPS,
+            episode_timeout_s=300,
+            launcher=LauncherSpec(
+                kind="kubernetes",
+                image=IMAGE_BY_NAME["harness:demo"].ref,
+                command=["/opt/harness/bin/python", "/opt/harness/harness.py"],
+                env={"HARNESSRL_MODEL": "policy"},
+                namespace=EPISODE_NAMESPACE,
+                cpu="500m",
+                memory="256Mi",
+            ),
+            reward="numeric",
+            model="/models/tiny",
+        )
+
+    def train(self, local: LocalCluster, failures: list[str]) -> dict[str, Any]:
+        """Submit the run, wait for its steps; what was seen (episodes, steps, gateway replicas)."""
+        return asyncio.run(self._train(local, failures))
+
+    async def _train(self, local: LocalCluster, failures: list[str]) -> dict[str, Any]:
+        nats = next(p for p in local.pods if p.component == "nats")
+        password = local.refs.secrets["hrl-harnessrl-nats-auth"]["admin"]
+        bus = NatsBus(
+            f"nats://admin:{password}@{pods.address(nats.container, CLUSTER_NET)}:4222", name="cluster-check"
+        )
+        await bus.connect()
+        seen: dict[str, Any] = {}
+        try:
+            reply = await ask(bus, "submit", {"spec": msgspec.to_builtins(self.spec())}, timeout_s=120)
+            if not reply.get("ok"):
+                failures.append(f"submit refused: {reply}")
+                return seen
+            steps, versions = await self._wait_steps(bus, failures)
+            seen["steps"] = steps
+            seen["weight_versions"] = versions
+            seen["episodes_completed"] = await completed(bus, RUN)
+            seen["spans_missing"] = await _spans_missing(bus)
+        finally:
+            await bus.close()
+        seen["gateway_calls"] = _gateway_calls(local)
+        if sum(1 for calls in seen["gateway_calls"].values() if calls > 0) < 2:
+            failures.append(f"episodes did not go through two gateway replicas: {seen['gateway_calls']}")
+        if self.jobs is not None:
+            seen["episode_jobs"] = len(self.jobs.started)
+            seen["episode_failures"] = self.jobs.failed_logs[:3]
+            if self.jobs.errors:
+                failures.append(f"the job runner failed {len(self.jobs.errors)} polls: {self.jobs.errors[0]}")
+        return seen
+
+    async def _wait_steps(self, bus: NatsBus, failures: list[str]) -> tuple[int, int]:
+        deadline = time.monotonic() + TRAIN_TIMEOUT_S
+        steps = versions = 0
+        while time.monotonic() < deadline:
+            metrics = await bus.replay(subjects.METRICS.name, subjects.metrics(RUN, "trainer"))
+            weights = await bus.replay(subjects.WEIGHTS.name, subjects.weights(RUN))
+            steps = len({decode(m.data, StepMetrics).step for m in metrics})
+            versions = len({decode(m.data, WeightVersion).version for m in weights})
+            if steps >= STEPS and versions >= STEPS:
+                return steps, versions
+            await asyncio.sleep(5)
+        failures.append(f"after {TRAIN_TIMEOUT_S:.0f} s: {steps} trainer steps, {versions} weight versions")
+        return steps, versions
+
+
+@contextlib.contextmanager
+def running_cluster(run: TrainingRun) -> Iterator[tuple[LocalCluster, str]]:
+    """The local-cpu scenario's pods, every one ready, and the fake API's URL; removed afterwards."""
+    from harnessrl.stack.demo.tiny_model import cached_tiny_model  # torch: imported only when run
+
+    objects = cluster.render(values=(cluster.LOCAL_CPU_VALUES, run.values_file()))
+    objects += run.objects()
+    local = LocalCluster(objects, run.state, seed={"hrl-harnessrl-models": ("tiny", cached_tiny_model())})
+    by_component = {w.component: w for w in cluster.workloads(objects)}
+    missing = {"nats", "vllm", *SERVICE_ORDER} - set(by_component)
+    if missing:
+        raise cluster.ClusterError(f"the rendered chart has no workload for {sorted(missing)}")
+    local.create_networks()
+    try:
+        nats = local.start(by_component["nats"])
+        vllm = local.start(by_component["vllm"])
+        local.wait_ready(nats, 120)
+        # The trainer syncs every replica at start and exits (restarted) while vLLM still loads:
+        # the services start once it serves, which spares this small machine the restarts.
+        local.wait_ready(vllm, READY_TIMEOUT_S)
+        # The service network's bridge exists once a container joined it: serve the API there.
+        with run.kube_api(local.gateway_ip()) as api_url:
+            local.env = {"controller": {"HRL_CONTROLLER_KUBE_API_URL": api_url}}
+            services = [pod for name in SERVICE_ORDER for pod in local.start(by_component[name])]
+            local.wait_ready(services, READY_TIMEOUT_S)
+            yield local, api_url
+    finally:
+        local.stop()
+
+
+async def _spans_missing(bus: NatsBus) -> int:
+    """Rollouts whose span count disagrees with the spans on SPANS (gaps in an episode's seq)."""
+    missing = 0
+    for message in await bus.replay(subjects.ROLLOUTS.name, subjects.rollout(RUN)):
+        rollout = decode(message.data, RolloutComplete)
+        spans = await bus.replay(subjects.SPANS.name, subjects.span(RUN, rollout.episode))
+        missing += max(0, rollout.span_count - len(spans))
+    return missing
+
+
+def _gateway_calls(local: LocalCluster) -> dict[str, float]:
+    """Each gateway replica's count of proxied calls, from its /metrics."""
+    calls: dict[str, float] = {}
+    for pod in local.pods:
+        if pod.component != "gateway":
+            continue
+        url = f"http://{pods.address(pod.container, CLUSTER_NET)}:8000/metrics"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text = answer.read().decode()
+        calls[pod.name] = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("harnessrl_gateway_requests_total")
+        )
+    return calls
