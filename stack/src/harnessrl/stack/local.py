@@ -25,9 +25,8 @@ import msgspec
 
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.gateway.settings import GatewaySettings
-from harnessrl.reward.grading import grading_context
+from harnessrl.reward.grading import local_sandbox
 from harnessrl.reward.settings import RewardSettings
-from harnessrl.reward.swe.sandbox import available_limits, missing_isolation
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.bus.nats.streams import REPLICAS_ENV
 from harnessrl.shared.contracts import RunSpec
@@ -293,24 +292,6 @@ class LocalStack:
             self.vllm.stop()
         if self.nats is not None:
             self.nats.stop()
-
-
-def local_sandbox(settings: RewardSettings) -> RewardSettings:
-    """A local worker's settings asking for the sandbox this machine gives, and a warning of what it lacks.
-
-    The reward service refuses to grade in a sandbox weaker than its settings ask for; a local run
-    on a machine without (say) a privilege drop accepts that here, in the open, instead.
-    """
-    limits = grading_context(settings).limits
-    python = settings.python or sys.executable
-    missing = missing_isolation(limits, python)
-    if not missing:
-        return settings
-    log.warning("reward.sandbox_weaker", missing=missing)
-    available = available_limits(limits, python)
-    return msgspec.structs.replace(
-        settings, isolate_network=available.isolate_network, drop_privileges=available.drop_privileges
-    )
 
 
 async def _lay_out_streams(url: str, replicas: int) -> None:

@@ -14,7 +14,7 @@ import msgspec
 
 from harnessrl.reward import app
 from harnessrl.reward.graders.base import Grade
-from harnessrl.reward.grading import grading_context
+from harnessrl.reward.grading import grading_context, local_sandbox
 from harnessrl.reward.settings import read_settings
 from harnessrl.reward.swe.instance import InstanceError, SweInstance
 from harnessrl.reward.swe.pipeline import grade_patch
@@ -85,7 +85,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
     if args.partial_credit:
         overrides["partial_credit"] = True
     try:
-        settings = read_settings(args.config, **overrides)
+        # A grade on this machine: the sandbox it gives, with a warning of what it lacks.
+        settings = local_sandbox(read_settings(args.config, **overrides))
         row = _read_row(args.instance)
         row["base_commit"] = _base_commit(args.repo, str(row.get("base_commit", "HEAD")))
         instance = SweInstance.from_row(row)

@@ -9,9 +9,13 @@ from __future__ import annotations
 import sys
 from importlib.metadata import entry_points
 
+import msgspec
+
 from harnessrl.reward.errors import UnknownGraderError
 from harnessrl.reward.graders.base import Grader, GradingContext
 from harnessrl.reward.settings import GradingRules, RewardSettings, SandboxLimits
+from harnessrl.reward.swe.sandbox import available_limits, missing_isolation
+from harnessrl.shared.log import get_logger
 
 GRADER_GROUP = "harnessrl.graders"
 
@@ -43,6 +47,9 @@ def build_grader(name: str, context: GradingContext) -> Grader:
     return grader  # type: ignore[no-any-return]
 
 
+_log = get_logger(__name__)
+
+
 def grading_context(settings: RewardSettings) -> GradingContext:
     """The part of the service's settings that graders see."""
     return GradingContext(
@@ -60,4 +67,22 @@ def grading_context(settings: RewardSettings) -> GradingContext:
         max_artifact_bytes=settings.max_artifact_bytes,
         sandbox=settings.sandbox,
         namespace=settings.namespace,
+    )
+
+
+def local_sandbox(settings: RewardSettings) -> RewardSettings:
+    """A local worker's settings asking for the sandbox this machine gives, and a warning of what it lacks.
+
+    The reward service refuses to grade in a sandbox weaker than its settings ask for; a local run
+    on a machine without (say) a privilege drop accepts that here, in the open, instead.
+    """
+    limits = grading_context(settings).limits
+    python = settings.python or sys.executable
+    missing = missing_isolation(limits, python)
+    if not missing:
+        return settings
+    _log.warning("reward.sandbox_weaker", missing=missing)
+    available = available_limits(limits, python)
+    return msgspec.structs.replace(
+        settings, isolate_network=available.isolate_network, drop_privileges=available.drop_privileges
     )
