@@ -99,6 +99,15 @@ async def test_an_upstream_registration_with_a_bad_url_is_refused(
         assert list(gateway.gateway.pool.upstreams) == [canned.url]
 
 
+async def test_an_admin_body_nested_too_deeply_is_a_400(canned: CannedUpstream, bus: Bus) -> None:
+    async with serve_gateway(settings_for([canned.url]), bus) as gateway:
+        status, body, _ = await _request(
+            "POST", gateway.url + "/admin/upstreams", headers=ADMIN_HEADERS, data=b"[" * 5000 + b"]" * 5000
+        )
+    assert status == 400, body
+    assert body["error"]["message"] == "request body is nested too deeply"
+
+
 async def test_pause_holds_new_calls_until_resume_or_timeout(canned: CannedUpstream, bus: Bus) -> None:
     episode = KeyedEpisode()
     async with serve_gateway(settings_for([canned.url], pause_wait_s=1.5), bus) as gateway:

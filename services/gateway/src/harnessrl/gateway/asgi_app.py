@@ -89,11 +89,18 @@ def create_app(settings: GatewaySettings, bus: Bus, *, owns_bus: bool = False) -
     app = Litestar(
         route_handlers=[healthz, readyz, metrics, admin_router(gateway)],
         lifespan=[lifespan],
-        exception_handlers={HTTPException: _http_error},
+        exception_handlers={HTTPException: _http_error, RecursionError: _too_deep},
         openapi_config=None,
         debug=False,
     )
     return GatewayApp(app, proxy)
+
+
+def _too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[bytes]:
+    """A body nested past what the JSON decoder recurses through (an admin route's): a 400."""
+    error = error_for_status(400, "request body is nested too deeply")
+    headers = {k.decode(): v.decode() for k, v in error.headers()}
+    return Response(error.body("openai"), status_code=error.status, headers=headers)
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:

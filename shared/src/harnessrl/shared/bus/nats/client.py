@@ -399,6 +399,11 @@ class NatsBus(Bus):
             await msg.respond(await responder(msg.data))
 
         sub = await self.nc.subscribe(subject, queue=queue, cb=on_request)
+        # Once this returns the server knows the subscription: a request sent right after (from
+        # any connection) finds its responder instead of "no responders". Disconnected, the client
+        # sends it on reconnect anyway.
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await self.nc.flush(timeout=max(1, int(self.publish_timeout_s)))
         served = CoreSubscription(sub)
         self._subscriptions.append(served)
         return served
