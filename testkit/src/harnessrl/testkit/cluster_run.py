@@ -120,8 +120,8 @@ class EpisodeJobs:
 
     def _post(self, path: str) -> None:
         request = urllib.request.Request(self.api_url + path, data=b"", method="POST")  # noqa: S310
-        with urllib.request.urlopen(request, timeout=10):  # noqa: S310 - the fake API we started
-            pass
+        with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - the fake API we started
+            answer.read()
 
     def remove_containers(self) -> None:
         """Remove every episode container (they are named after their Jobs)."""

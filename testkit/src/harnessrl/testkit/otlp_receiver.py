@@ -13,6 +13,7 @@ chosen spans with 400 (`refuse_when`), or stop and start it again on the same po
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import time
 import uuid
@@ -215,8 +216,7 @@ async def delete_consumer(nats_url: str, consumer: str) -> None:
     bus = NatsBus(nats_url, name="harnessrl-otlp-cleanup")
     await bus.connect()
     try:
-        await bus.js.delete_consumer(subjects.SPANS.name, consumer)
-    except nats.js.errors.NotFoundError:
-        pass
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await bus.js.delete_consumer(subjects.SPANS.name, consumer)
     finally:
         await bus.close()
