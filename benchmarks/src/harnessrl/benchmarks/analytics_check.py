@@ -112,7 +112,8 @@ async def check_taps(url: str, run: str, home: Path) -> dict[str, Any]:
         "single_row_rate": round(replayed.rows.single_row_rate, 3),
         "masked_share": round(replayed.tokens.masked_share, 4),
         "otlp_spans": await otlp_spans(url, run),
-        "services_with_metrics": len(await services_with_summaries(url)),
+        "services_with_metrics": len(reporting := await services_with_summaries(url)),
+        "services_reporting": sorted(reporting),
     }
 
 

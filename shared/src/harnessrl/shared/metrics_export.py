@@ -150,7 +150,9 @@ def _http(status: int, reason: bytes, content_type: bytes, body: bytes) -> bytes
 class SummaryPublisher:
     """Publishes a `ServiceMetrics` summary of one registry every `interval_s` (0: never).
 
-    A summary that cannot be published is logged and skipped: metrics never stop a service.
+    A last summary is published on `stop`, so a service that lives shorter than one interval (a
+    trainer whose steps were ready when it started) still reports its final figures. A summary that
+    cannot be published is logged and skipped: metrics never stop a service.
     """
 
     def __init__(
@@ -168,11 +170,12 @@ class SummaryPublisher:
             self._task = asyncio.create_task(self._publish_every(), name=f"{self.service}-metrics-summary")
 
     async def stop(self) -> None:
-        """Stop publishing."""
+        """Stop publishing, after a last summary."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+            await self.publish()
 
     async def publish(self) -> ServiceMetrics:
         """Publish one summary now."""
