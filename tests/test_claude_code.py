@@ -36,6 +36,7 @@ from harnessrl.stack.natsserver import NatsServer
 from harnessrl.stack.vllm import VllmServer
 from harnessrl.testkit.claude_code import claude_code_policy, claude_command, claude_env, fresh_workdir
 from harnessrl.testkit.gateway import KeyedEpisode, serve_gateway, settings_for
+from harnessrl.testkit.local_app import LocalApp
 from harnessrl.trainer.samples import build_rows
 
 # The run's sampling policy (the gateway forces it on every call): sharp enough that the warm-started
@@ -63,21 +64,16 @@ class Tap:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.bodies: list[dict[str, Any]] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/{path:.*}", self._forward)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self._server = LocalApp(app)
+        self.url = ""
+
+    async def start(self) -> None:
+        self.url = await self._server.start()
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._server.stop()
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()

@@ -18,6 +18,7 @@ from anthropic import AsyncAnthropic
 from harnessrl.shared.bus.base import Bus
 from harnessrl.testkit.canned_upstream import CannedUpstream
 from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
+from harnessrl.testkit.local_app import LocalApp
 
 TOOLS: list[Any] = [{"name": "bash", "description": "Run a command.",
           "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]  # fmt: skip
@@ -153,22 +154,17 @@ class ReasoningUpstream:
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> None:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._answer)
         app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self._server = LocalApp(app)
+        self.url = ""
+
+    async def start(self) -> None:
+        self.url = await self._server.start()
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._server.stop()
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response()

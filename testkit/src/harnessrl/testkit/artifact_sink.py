@@ -14,6 +14,7 @@ from aiohttp import web
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import Bus
 from harnessrl.shared.keys import EpisodeKeyError, verify_episode_key
+from harnessrl.testkit.local_app import LocalApp
 
 MAX_ARTIFACT_BYTES = 16 * 1024 * 1024
 
@@ -23,7 +24,7 @@ class ArtifactSink:
 
     def __init__(self, bus: Bus, secret: bytes) -> None:
         self._bus, self._secret = bus, secret
-        self._runner: web.AppRunner | None = None
+        self._server: LocalApp | None = None
         self.url = ""
         self.received: list[str] = []
 
@@ -31,18 +32,14 @@ class ArtifactSink:
         """Listen on a free local port; returns the base URL."""
         app = web.Application(client_max_size=MAX_ARTIFACT_BYTES)
         app.router.add_put("/harnessrl/v1/artifact", self._put)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self._server = LocalApp(app)
+        self.url = await self._server.start()
         return self.url
 
     async def stop(self) -> None:
         """Stop listening."""
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._server is not None:
+            await self._server.stop()
 
     async def _put(self, request: web.Request) -> web.Response:
         token = request.headers.get("Authorization", "").removeprefix("Bearer ")

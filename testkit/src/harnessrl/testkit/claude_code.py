@@ -33,6 +33,7 @@ from aiohttp import web
 
 from harnessrl.gateway import anthropic
 from harnessrl.shared.cache import build_once, cache_root
+from harnessrl.testkit.local_app import LocalApp
 from harnessrl.testkit.policies import fingerprint
 from harnessrl.testkit.tools import CLAUDE_CODE
 
@@ -151,20 +152,13 @@ async def capture_requests(home: Path) -> list[dict[str, Any]]:
 
     app = web.Application()
     app.router.add_post("/v1/messages", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        env = claude_env(f"http://127.0.0.1:{port}", "recorder", home)
+    async with LocalApp(app) as url:
         process = await asyncio.create_subprocess_exec(
-            *claude_command(), cwd=fresh_workdir(), env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            *claude_command(), cwd=fresh_workdir(), env=claude_env(url, "recorder", home),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         await asyncio.wait_for(process.wait(), timeout=120)
-    finally:
-        await runner.cleanup()
     if len(seen) != len(TURNS):
         raise RuntimeError(f"Claude Code made {len(seen)} calls against the recorder, not {len(TURNS)}")
     return seen

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from harnessrl.gateway.responses import to_chat_request
 from harnessrl.shared.cache import build_once, cache_root
+from harnessrl.testkit.local_app import LocalApp
 from harnessrl.testkit.policies import fingerprint
 from harnessrl.testkit.tools import CODEX, CODEX_VERSION
 
@@ -147,15 +148,8 @@ async def capture_requests() -> list[dict[str, Any]]:
 
     app = web.Application()
     app.router.add_post("/v1/responses", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        result = await run_codex(f"http://127.0.0.1:{port}/v1", "recorder-key")
-    finally:
-        await runner.cleanup()
+    async with LocalApp(app) as url:
+        result = await run_codex(f"{url}/v1", "recorder-key")
     if result.returncode != 0 or len(seen) != CALLS:
         raise RuntimeError(
             f"codex exited {result.returncode} after {len(seen)} calls: {result.stderr[-2000:]}"

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from harnessrl.testkit import kube_jobs
 from harnessrl.testkit.kube_store import ApiStatusError, ObjectStore, Watcher
+from harnessrl.testkit.local_app import LocalApp
 
 _GROUPS = {"jobs": "/apis/batch/v1", "pods": "/api/v1", "secrets": "/api/v1"}
 _KINDS = {"jobs": ("Job", "batch/v1"), "pods": ("Pod", "v1"), "secrets": ("Secret", "v1")}
@@ -235,25 +236,18 @@ class FakeKubeServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.api = FakeKube()
-        self._host, self._port = host, port
-        self._runner: web.AppRunner | None = None
+        self._server = LocalApp(self.api.app(), host, port)
         self.url = ""
 
     async def start(self) -> str:
         """Listen; returns the base URL."""
-        self._runner = web.AppRunner(self.api.app(), handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://{self._host}:{port}"
+        self.url = await self._server.start()
         return self.url
 
     async def stop(self) -> None:
         """Close every connection."""
         self.api.store.end_watches()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._server.stop()
 
 
 async def _serve(port: int) -> None:

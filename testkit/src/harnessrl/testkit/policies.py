@@ -31,6 +31,7 @@ from aiohttp import web
 
 from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 from harnessrl.shared.cache import build_once, cache_root
+from harnessrl.testkit.local_app import LocalApp
 from harnessrl.testkit.tools import MINI_SWE_AGENT
 
 ECHO = "echo x >> NOTES.md"
@@ -135,19 +136,14 @@ async def capture_first_request(task: str, workdir: Path) -> dict[str, Any]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    env = {**os.environ, **MINI_ENV, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": "k"}
-    process = await asyncio.create_subprocess_exec(
-        str(MINI_SWE_AGENT), "-m", "openai/policy", "-t", task, "-y", "--exit-immediately", cwd=workdir,
-        env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    await asyncio.wait_for(process.wait(), timeout=120)
-    await runner.cleanup()
+    async with LocalApp(app) as url:
+        env = {**os.environ, **MINI_ENV, "OPENAI_BASE_URL": f"{url}/v1", "OPENAI_API_KEY": "k"}
+        process = await asyncio.create_subprocess_exec(
+            str(MINI_SWE_AGENT), "-m", "openai/policy", "-t", task, "-y", "--exit-immediately", cwd=workdir,
+            env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        await asyncio.wait_for(process.wait(), timeout=120)
     return seen[0]
 
 
