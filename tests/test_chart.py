@@ -184,6 +184,9 @@ def test_production_values_render_and_validate() -> None:
         (("--set", "gateway.replica=3"), "additional properties 'replica' not allowed"),
         (("--set", "nats.external.urls[0]=nats.infra:4222"), "/nats/external/urls/0"),
         (("--set", "trainer.weightTransfer=ipc"), "/trainer/weightTransfer"),
+        (("--set", "reward.image.pullPolicy=Sometimes"), "at '/reward/image/pullPolicy'"),
+        (("--set", "image.pullPolicy="), "at '/image/pullPolicy'"),
+        (("--set", "vllm.image.registry=r"), "additional properties 'registry' not allowed"),
     ],
 )
 def test_the_values_schema_refuses_bad_values(args: tuple[str, ...], message: str) -> None:
@@ -321,6 +324,88 @@ def test_the_cpu_scenario_runs_the_images_make_images_builds(rendered: dict[str,
     values = yaml.safe_load((CHART / "ci" / "local-cpu-values.yaml").read_text())
     harness = next(spec.ref for spec in IMAGES if spec.name == "harness")
     assert any(fnmatch.fnmatchcase(harness, pattern) for pattern in values["controller"]["allowedImages"])
+
+
+SHARED_IMAGE = ("ghcr.io/harnessrl/harnessrl:0.1.0", "IfNotPresent")  # values.yaml's `image`
+
+
+def images_by_pod(*args: str) -> dict[str, list[tuple[str, str]]]:
+    """Every pod's (image, pull policy) per container, of the default values with a trainer run."""
+    docs = render("--set", "trainer.run=r", *args)
+    return {
+        where: [(c["image"], c["imagePullPolicy"]) for c in pod["containers"]]
+        for where, pod in pod_specs(docs)
+    }
+
+
+def test_services_default_to_the_shared_image() -> None:
+    pods = images_by_pod()
+    for service in SERVICES:
+        assert pods[f"Deployment/{PREFIX}-{service}"] == [SHARED_IMAGE], service
+    assert pods[f"StatefulSet/{PREFIX}-vllm"] == [("vllm/vllm-openai:v0.31.0", "IfNotPresent")]
+    assert pods[f"StatefulSet/{PREFIX}-nats"] == [("nats:2.12.3-alpine", "IfNotPresent")]
+
+
+@pytest.mark.parametrize("component", [*SERVICES, "vllm", "nats"])
+def test_a_components_own_image_lands_in_exactly_its_workload(component: str) -> None:
+    """`<component>.image` changes its pods and no other (the helm test pod runs the gateway's image)."""
+    before = images_by_pod()
+    own = ("registry.example/own:1.2", "Always")
+    after = images_by_pod(
+        "--set", f"{component}.image.repository=registry.example/own", "--set", f"{component}.image.tag=1.2",
+        "--set", f"{component}.image.pullPolicy=Always",
+    )  # fmt: skip
+    changed = {where for where in before if before[where] != after[where]}
+    kind = "StatefulSet" if component in ("vllm", "nats") else "Deployment"
+    expected = {f"{kind}/{PREFIX}-{component}"}
+    if component == "gateway":
+        expected |= {where for where in before if where.startswith("Pod/")}
+    assert changed == expected
+    assert all(after[where] == [own] for where in expected)
+
+
+def test_a_services_pull_policy_alone_keeps_the_shared_image() -> None:
+    pods = images_by_pod("--set", "reward.image.pullPolicy=Never")
+    assert pods[f"Deployment/{PREFIX}-reward"] == [(SHARED_IMAGE[0], "Never")]
+    assert pods[f"Deployment/{PREFIX}-controller"] == [SHARED_IMAGE]
+
+
+def containerfile_targets(path: Path) -> dict[str, dict[str, str]]:
+    """Each `FROM ... AS <stage>` of a Containerfile -> its CMD and EXPOSE lines."""
+    stages: dict[str, dict[str, str]] = {}
+    current: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        words = line.split(maxsplit=1)
+        if words and words[0] == "FROM":
+            current = stages.setdefault(line.split()[-1], {})
+        elif words and words[0] in ("CMD", "EXPOSE"):
+            current[words[0]] = words[1]
+    return stages
+
+
+def test_every_service_image_is_a_target_of_the_one_service_containerfile(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    """The four service images: one Containerfile, a target each, running what the chart runs."""
+    specs = {spec.name: spec for spec in IMAGES if spec.name in SERVICES}
+    assert set(specs) == set(SERVICES)
+    assert {spec.containerfile for spec in specs.values()} == {"services/Containerfile"}
+    targets = containerfile_targets(ROOT / "services" / "Containerfile")
+    docs = rendered["local-cpu"]
+    for service, spec in specs.items():
+        assert spec.target == service and spec.ref == f"localhost/harnessrl-{service}:cpu"
+        container = service_pod(docs, service)["containers"][0]
+        assert json.loads(targets[service]["CMD"]) == container["command"]
+        assert int(targets[service]["EXPOSE"]) == container["ports"][0]["containerPort"]
+    assert not list(ROOT.glob("services/*/Containerfile"))
+
+
+def test_the_cpu_scenario_runs_vllm_eagerly(rendered: dict[str, list[Doc]]) -> None:
+    """vLLM-CPU's torch.compile needs a C++ compiler the image lacks: TorchDynamo is off there only."""
+    for name in SCENARIOS:
+        vllm = named(rendered[name], "StatefulSet", f"{PREFIX}-vllm")["spec"]["template"]["spec"]
+        env = container_env(vllm["containers"][0])
+        assert env.get("TORCHDYNAMO_DISABLE") == ("1" if name == "local-cpu" else None), name
 
 
 def volumes(pod: Doc) -> dict[str, Doc]:

@@ -12,9 +12,12 @@ import json
 import subprocess
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("gateway", "controller", "reward", "trainer")
@@ -131,3 +134,73 @@ def test_import_contracts_catch_a_crossed_layer(
     assert result.returncode == 1, result.stdout + result.stderr
     broken_lines = [line for line in result.stdout.splitlines() if line.endswith("BROKEN")]
     assert any(line.startswith(broken) for line in broken_lines), result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Every distribution a package imports is one its pyproject declares
+
+
+def package_folders() -> dict[str, Path]:
+    """Our product distributions and the folders holding their pyproject.toml."""
+    folders = {"harnessrl-shared": ROOT / "shared"}
+    return folders | {f"harnessrl-{s}": ROOT / "services" / s for s in SERVICES}
+
+
+def declared(folder: Path) -> set[str]:
+    """Distributions a pyproject declares (extras included), and those its own harnessrl-* ones declare."""
+    project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+    extras = project.get("optional-dependencies", {}).values()
+    texts = [*project.get("dependencies", []), *(text for extra in extras for text in extra)]
+    names = {canonicalize_name(Requirement(text).name) for text in texts}
+    own = package_folders()
+    return names | {d for name in names if name in own for d in declared(own[name])}
+
+
+def imported_modules(src: Path) -> dict[str, set[str]]:
+    """Module imported -> files importing it: top-level names, `harnessrl.<package>` for ours."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                parts = name.split(".")
+                module = ".".join(parts[:2]) if parts[0] == "harnessrl" else parts[0]
+                found.setdefault(module, set()).add(str(path.relative_to(src)))
+    return found
+
+
+def undeclared_imports(dist: str, folder: Path) -> dict[str, list[str]]:
+    """Modules `dist` imports whose distribution its pyproject does not declare -> who imports them."""
+    allowed = declared(folder) | {canonicalize_name(dist)}
+    owners = metadata.packages_distributions()
+    missing: dict[str, list[str]] = {}
+    for module, files in imported_modules(folder / "src").items():
+        if module.split(".")[0] in sys.stdlib_module_names or module == "__future__":
+            continue
+        ours = module.startswith("harnessrl.")
+        providers = [module.replace(".", "-")] if ours else owners.get(module, [])
+        if not {canonicalize_name(p) for p in providers} & allowed:
+            missing[module] = sorted(files)
+    return missing
+
+
+@pytest.mark.parametrize("dist", sorted(package_folders()))
+def test_every_distribution_a_package_imports_is_declared(dist: str) -> None:
+    """A service's image installs only its declared closure: an import nobody declared fails there."""
+    assert undeclared_imports(dist, package_folders()[dist]) == {}
+
+
+def test_the_declaration_check_sees_an_undeclared_import(tmp_path: Path) -> None:
+    """The check above can fail: a third-party, a sibling service and an unknown module are caught."""
+    module = tmp_path / "src" / "harnessrl" / "demo" / "grader.py"
+    module.parent.mkdir(parents=True)
+    third_party = "import duckdb\nimport msgspec\nimport not_installed_anywhere\n"
+    ours = "from harnessrl.shared import ids\nfrom harnessrl.reward import grading\nfrom . import peers\n"
+    module.write_text(third_party + ours + "import os.path\n")
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "harnessrl-demo"\ndependencies = ["harnessrl-shared"]\n'
+    )
+    missing = undeclared_imports("harnessrl-demo", tmp_path)
+    assert sorted(missing) == ["duckdb", "harnessrl.reward", "not_installed_anywhere"]

@@ -25,14 +25,16 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{- define "harnessrl.image" -}}
-{{ printf "%s:%s" .Values.image.repository .Values.image.tag }}
-{{- end -}}
-
-{{/* A service's image: its own `image` where set (one image per service), else the shared one. */}}
+{{/* A service's image: its own `image` repository and tag where set (one image per service), else the shared one's. */}}
 {{- define "harnessrl.serviceImage" -}}
 {{- $own := default dict .values.image -}}
 {{ printf "%s:%s" (default .root.Values.image.repository $own.repository) (default .root.Values.image.tag $own.tag) }}
+{{- end -}}
+
+{{/* The pull policy of a component's image (`values` its values): its own `image.pullPolicy`, else the shared image's. */}}
+{{- define "harnessrl.pullPolicy" -}}
+{{- $own := default dict .values.image -}}
+{{ default .root.Values.image.pullPolicy $own.pullPolicy }}
 {{- end -}}
 
 {{- define "harnessrl.episodeNamespace" -}}
@@ -219,7 +221,7 @@ that are not settings (secret references), `mounts` beyond /tmp and the NATS CA.
 {{- $mounts := concat (list (dict "name" "tmp" "mountPath" "/tmp")) (include "harnessrl.natsCaMounts" .root | fromJsonArray) (default (list) .mounts) -}}
 - name: {{ .component }}
   image: {{ include "harnessrl.serviceImage" . }}
-  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  imagePullPolicy: {{ include "harnessrl.pullPolicy" . }}
   command: ["python", "-m", "harnessrl.{{ .component }}"]
   env:
     - {name: HOME, value: /tmp}

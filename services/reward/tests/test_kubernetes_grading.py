@@ -1,10 +1,11 @@
 """The Kubernetes grading Job: validated manifests, hardening, and the pod runner for real.
 
-The API round trip (create, watch, logs, delete against an API server) is left to the
-cross-service tests, which own the fake API server; here the runner script the Job executes is
-run locally on a tinyswe checkout and its output graded like a pod's log.
+The API round trip (create, watch, logs, delete) is test_kubernetes_roundtrip's; here the runner
+script the Job executes is run locally on a tinyswe checkout and its output graded like a pod's
+log, and the grader's client is pointed by `kube_api_url` at the test kit's fake API server.
 """
 
+import asyncio
 import json
 import os
 import shutil
@@ -15,10 +16,14 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from kubernetes import client, config
 
 from harnessrl.reward.graders.base import GradingContext
+from harnessrl.reward.grading import grading_context
+from harnessrl.reward.settings import read_settings
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.kube import (
+    KubernetesGrader,
     config_map,
     grading_job,
     job_name,
@@ -26,6 +31,8 @@ from harnessrl.reward.swe.kube import (
 )
 from harnessrl.reward.swe.patchfile import parse_patch
 from harnessrl.reward.swe.pipeline import resolve_output
+from harnessrl.shared.settings import SettingsError
+from harnessrl.testkit.fake_kube import FakeKubeServer
 
 CONFTEST = (
     "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n"
@@ -123,3 +130,39 @@ def test_forged_markers_in_test_output_do_not_count() -> None:
     )
     output = parse_pod_output(log)
     assert output.exit_code == 1 and output.junit is None
+
+
+async def test_grading_talks_to_the_api_server_kube_api_url_names(
+    calc_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HRL_REWARD_KUBE_API_URL reaches the grader's client: its Job lands on that server."""
+    server = FakeKubeServer()
+    url = await server.start()
+    try:
+        monkeypatch.setenv("HRL_REWARD_KUBE_API_URL", url)
+        monkeypatch.setenv("HRL_REWARD_NAMESPACE", "grading")
+        grader = KubernetesGrader.connect(grading_context(read_settings(sandbox="kubernetes")))
+        assert grader.namespace == "grading"
+        _, job = manifests(calc_row, calc_row["patch"])
+        batch = client.BatchV1Api(grader.api_client)
+        await asyncio.to_thread(batch.create_namespaced_job, grader.namespace, job)
+        listed = await asyncio.to_thread(batch.list_namespaced_job, grader.namespace)
+        assert [j.metadata and j.metadata.name for j in listed.items] == [job["metadata"]["name"]]
+    finally:
+        await server.stop()
+
+
+def test_without_kube_api_url_the_grader_uses_in_cluster_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a pod (no service-account environment) and no URL: no silent fallback to a kubeconfig."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("HRL_REWARD_KUBE_API_URL", raising=False)
+    context = grading_context(read_settings(sandbox="kubernetes"))
+    assert context.kube_api_url == ""
+    with pytest.raises(config.ConfigException):
+        KubernetesGrader.connect(context)
+
+
+@pytest.mark.parametrize("url", ["kube.internal:6443", "ftp://kube"])
+def test_a_kube_api_url_that_is_not_http_is_refused_naming_the_field(url: str) -> None:
+    with pytest.raises(SettingsError, match="kube_api_url must be an http:// or https:// URL"):
+        read_settings(kube_api_url=url)

@@ -57,6 +57,8 @@ default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
 [engine]
 runtime = "runc"
 """
+# Every service image's Containerfile (a shared base stage, then one target per service).
+SERVICE_CONTAINERFILE = "services/Containerfile"
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Required by a locked package but not in requirements.lock because `python -m venv` installs it
@@ -91,13 +93,12 @@ class ImageSpec:
     bare: tuple[str, ...] = ()
     # Distributions of a closure left out: they break the image or it never imports them.
     exclude: frozenset[str] = frozenset()
-    # Imported but missing from the package's pyproject `dependencies` (a bug there; listed so
-    # the image works, to be removed once the pyproject declares it).
-    undeclared: tuple[str, ...] = ()
     # Another of these images as BASE_IMAGE (instead of a bootstrapped Debian base).
     on: str | None = None
     # Repository files copied into the build context (by file name).
     files: tuple[str, ...] = ()
+    # The Containerfile's stage to build (`--target`), where it holds several images.
+    target: str | None = None
     tag: str = TAG
 
     @property
@@ -107,25 +108,11 @@ class ImageSpec:
 
 
 IMAGES: tuple[ImageSpec, ...] = (
-    ImageSpec("gateway", "services/gateway/Containerfile", "py", roots=("harnessrl-gateway",)),
-    ImageSpec("controller", "services/controller/Containerfile", "py", roots=("harnessrl-controller",)),
-    # The Kubernetes grading path (swe/kube.py) imports `kubernetes`, which services/reward's
-    # pyproject does not declare.
-    ImageSpec(
-        "reward",
-        "services/reward/Containerfile",
-        "py",
-        roots=("harnessrl-reward",),
-        undeclared=("kubernetes",),
-    ),
-    # trainer/replica.py and weight_sync.py import aiohttp, and verl.workers.rollout.utils (imported
-    # by the engine) uvicorn and fastapi: neither services/trainer's pyproject nor verl declares them.
-    ImageSpec(
-        "trainer",
-        "services/trainer/Containerfile",
-        "py",
-        roots=("harnessrl-trainer",),
-        undeclared=("aiohttp", "uvicorn", "fastapi"),
+    # The services: one Containerfile, a target per service (its command and port), each context
+    # holding only that service's closure.
+    *(
+        ImageSpec(name, SERVICE_CONTAINERFILE, "py", roots=(f"harnessrl-{name}",), target=name)
+        for name in ("gateway", "controller", "reward", "trainer")
     ),
     # vLLM-CPU with the trainer's `vllm.general_plugins` entry point (CPU linears keep plain
     # weights so reloads take effect); torchvision/torchaudio/torchcodec fail to import beside the
@@ -234,7 +221,7 @@ def closure(roots: Iterable[str], exclude: frozenset[str] = frozenset()) -> tupl
 
 def requirements(spec: ImageSpec, pins: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """(our distributions, third-party name -> locked version) an image installs."""
-    own, third = closure((*spec.roots, *spec.undeclared), spec.exclude)
+    own, third = closure(spec.roots, spec.exclude)
     own |= {canonicalize_name(b) for b in spec.bare}
     pins = {**pins, **{n: metadata.version(n) for n in UNLOCKED_TOOLS if n in third}}
     unlocked = sorted(n for n in third if n not in pins)
@@ -390,15 +377,18 @@ def build(spec: ImageSpec, pins: dict[str, str]) -> Built:
         shutil.rmtree(context)
     (context / "wheels").mkdir(parents=True)
     inputs = [hashlib.sha256((ROOT / spec.containerfile).read_bytes()).hexdigest()]
-    build_args: list[str] = []
+    build_options: list[str] = []
     if spec.base is not None:
         ref, base_digest = ensure_base(spec.base)
         inputs.append(f"base {ref} {base_digest}")
-        build_args = ["--build-arg", f"BASE_IMAGE={ref}"]
+        build_options = ["--build-arg", f"BASE_IMAGE={ref}"]
     if spec.on is not None:
         ref = IMAGE_BY_NAME[spec.on].ref
         inputs.append(f"on {ref} {podman('image', 'inspect', '--format', '{{.Id}}', ref, capture=True)}")
-        build_args = ["--build-arg", f"BASE_IMAGE={ref}"]
+        build_options = ["--build-arg", f"BASE_IMAGE={ref}"]
+    if spec.target is not None:
+        build_options += ["--target", spec.target]
+        inputs.append(f"target {spec.target}")
     for name in spec.files:
         shutil.copy2(ROOT / name, context / Path(name).name)
         inputs.append(f"file {name} {digest_files([ROOT / name])}")
@@ -406,7 +396,7 @@ def build(spec: ImageSpec, pins: dict[str, str]) -> Built:
     digest = hashlib.sha256("\n".join(inputs).encode()).hexdigest()[:16]
     cached = label(spec.ref, INPUTS_LABEL) == digest
     if not cached:
-        podman("build", *PODMAN_FLAGS, "--network", "none", "--layers", "--quiet", *build_args,
+        podman("build", *PODMAN_FLAGS, "--network", "none", "--layers", "--quiet", *build_options,
                "--label", f"{INPUTS_LABEL}={digest}", "-t", spec.ref, "-f",
                str(ROOT / spec.containerfile), str(context), capture=True)  # fmt: skip
     return Built(

@@ -67,6 +67,7 @@ def grading_context(settings: RewardSettings) -> GradingContext:
         max_artifact_bytes=settings.max_artifact_bytes,
         sandbox=settings.sandbox,
         namespace=settings.namespace,
+        kube_api_url=settings.kube_api_url,
     )
 
 

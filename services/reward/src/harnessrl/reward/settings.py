@@ -65,6 +65,9 @@ class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
     partial_credit: bool = False
     sandbox: Literal["local", "kubernetes"] = "local"
     namespace: str = "default"
+    # Kubernetes sandbox: an API server URL taking requests without credentials (`kubectl proxy`,
+    # the test kit's fake API server). Empty: the pod's in-cluster service account, as the chart runs it.
+    kube_api_url: str = ""
     # Prometheus `/metrics` (`harnessrl.shared.metrics_export`). Off (port 0) by default: workers
     # of a local stack share one machine; a pod sets a port (and host 0.0.0.0) for its scraper.
     metrics_host: str = "127.0.0.1"
@@ -83,6 +86,8 @@ class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError(f"metrics_port must be in 0..65535 (got {self.metrics_port})")
         if self.metrics_interval_s < 0:
             raise SettingsError(f"metrics_interval_s must be >= 0 (got {self.metrics_interval_s})")
+        if self.kube_api_url and not self.kube_api_url.startswith(("http://", "https://")):
+            raise SettingsError(f"kube_api_url must be an http:// or https:// URL, not {self.kube_api_url!r}")
         for name in ("grade_timeout_s", "test_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0 (got {getattr(self, name)})")

@@ -51,9 +51,11 @@ class GradingContext(msgspec.Struct, frozen=True, kw_only=True):
     rules: GradingRules = msgspec.field(default_factory=GradingRules)
     max_artifact_bytes: int = 2 * 1024 * 1024
     work_root: str | None = None
-    # "kubernetes" grades SWE tasks in a Job from `instance["image"]` (in-cluster credentials).
+    # "kubernetes" grades SWE tasks in a Job from `instance["image"]`, through `kube_api_url`
+    # (empty: in-cluster credentials).
     sandbox: Literal["local", "kubernetes"] = "local"
     namespace: str = "default"
+    kube_api_url: str = ""
 
     def resolve(self, path: str) -> Path:
         """A task path made absolute against `tasks_root`."""

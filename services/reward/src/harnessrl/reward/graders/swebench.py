@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from harnessrl.reward.graders.base import Grade, GradingContext
 from harnessrl.reward.swe.instance import InstanceError, SweInstance
@@ -48,9 +47,5 @@ class SweBenchGrader:
 
     def _cluster(self) -> KubernetesGrader:
         if self._kubernetes is None:
-            from kubernetes import client, config
-
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            api: Any = client.ApiClient()
-            self._kubernetes = KubernetesGrader(self.context.namespace, api)
+            self._kubernetes = KubernetesGrader.connect(self.context)
         return self._kubernetes

@@ -162,6 +162,18 @@ class KubernetesGrader:
         self.namespace = namespace
         self.api_client = api_client
 
+    @classmethod
+    def connect(cls, context: GradingContext) -> KubernetesGrader:
+        """A grader in the context's namespace, talking to its `kube_api_url` (else in-cluster)."""
+        from kubernetes import client, config
+
+        if context.kube_api_url:
+            configuration = client.Configuration()
+            configuration.host = context.kube_api_url
+            return cls(context.namespace, client.ApiClient(configuration))
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        return cls(context.namespace, client.ApiClient())
+
     async def run(self, name: str, objects: list[dict[str, Any]], timeout_s: float) -> str:
         """Create `objects`, wait for the Job to finish, return its pod's log; clean up."""
         return await asyncio.to_thread(self._run_blocking, name, objects, timeout_s)
