@@ -439,6 +439,17 @@ def test_the_trainer_has_its_model_checkpoints_and_shared_memory(rendered: dict[
     assert volumes(vllm_pod)["shm"]["emptyDir"]["medium"] == "Memory"
 
 
+def test_a_deployed_trainer_stays_up_at_max_steps_and_a_job_trainer_exits(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    """A Deployment restarts a process that exits; a JobSet's pods are meant to complete."""
+    deployed = container_env(service_pod(rendered["local-cpu"], "trainer")["containers"][0])
+    assert deployed["HRL_TRAINER_MAX_STEPS"] == "2" and deployed["HRL_TRAINER_EXIT_AT_MAX_STEPS"] == "false"
+    jobset = named(rendered["multi-node-trainer"], "JobSet", f"{PREFIX}-trainer")
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert "HRL_TRAINER_EXIT_AT_MAX_STEPS" not in container_env(pod["containers"][0])
+
+
 def test_nccl_weight_transfer_gives_the_trainer_its_pod_address(rendered: dict[str, list[Doc]]) -> None:
     docs = rendered["gpu-disaggregated"]
     trainer = service_pod(docs, "trainer")["containers"][0]

@@ -13,6 +13,7 @@ from harnessrl.shared.ids import new_id
 from harnessrl.shared.process import run_until_signalled
 from harnessrl.testkit.span_sequences import publish_episodes as publish_group
 from harnessrl.testkit.span_sequences import record_group
+from harnessrl.trainer.app import finished
 from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.metrics import MetricsSink
 from harnessrl.trainer.service import TrainerService
@@ -149,15 +150,37 @@ async def test_the_last_step_says_it_is_the_last(
 async def test_the_process_loop_ends_at_max_steps(
     bus: Bus, policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
 ):
-    # What app.serve runs: `wait()` is awaited from before `start()` and still ends only at max_steps.
+    # What app.serve runs: `finished` is awaited from before `start()` and still ends only at max_steps.
     rng = random.Random(4)
     service = trainer_service(bus, policy_engine, tiny_model, tmp_path, batch_groups=1, max_steps=1)
-    running = asyncio.create_task(run_until_signalled(service, finished=service.wait()))
+    running = asyncio.create_task(run_until_signalled(service, finished=finished(service, service.settings)))
     await asyncio.sleep(1.0)
     assert not running.done()  # started and waiting for rollouts, not finished
     await publish_group(bus, record_group(service.settings.run, "g1", rng))
     await asyncio.wait_for(running, 120)
     assert service.trainer.state.step == 1
+    assert await versions_of(bus, service.settings.run) == [1]
+
+
+async def test_a_trainer_told_to_stay_up_serves_on_after_max_steps_until_signalled(
+    bus: Bus, policy_engine: PolicyEngine, tiny_model: Path, tmp_path: Path
+):
+    # A Deployment restarts a process that exits, so there the trainer stays up once it is done.
+    rng = random.Random(5)
+    service = trainer_service(
+        bus, policy_engine, tiny_model, tmp_path, batch_groups=1, max_steps=1, exit_at_max_steps=False
+    )
+    stop = asyncio.Event()
+    done = finished(service, service.settings)
+    running = asyncio.create_task(run_until_signalled(service, finished=done, stop=stop))
+    await publish_group(bus, record_group(service.settings.run, "g1", rng))
+    async with asyncio.timeout(120):
+        while service.trainer.state.step < 1:
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)
+    assert not running.done()  # trained its last step and stays up
+    stop.set()
+    await asyncio.wait_for(running, 30)
     assert await versions_of(bus, service.settings.run) == [1]
 
 

@@ -111,12 +111,23 @@ async def serve(settings: TrainerSettings) -> None:
             async with exported(
                 bus, service.prometheus.registry, service="trainer", settings=settings, run=settings.run
             ):
-                await run_until_signalled(service, finished=service.wait())
+                await run_until_signalled(service, finished=finished(service, settings))
         finally:
             service.trainer.engine.stop_followers()
             log.info("trainer.stopped", run=settings.run, version=service.trainer.version)
     finally:
         await bus.close()
+
+
+async def finished(service: TrainerService, settings: TrainerSettings) -> None:
+    """What ends the process: the training loop's end, or with `exit_at_max_steps` off only a signal.
+
+    A fatal error of the loop ends it either way.
+    """
+    await service.wait()
+    if not settings.exit_at_max_steps:
+        log.info("trainer.finished", run=settings.run, step=service.trainer.state.step, staying_up=True)
+        await asyncio.Event().wait()
 
 
 async def build_service(settings: TrainerSettings, bus: NatsBus) -> TrainerService:

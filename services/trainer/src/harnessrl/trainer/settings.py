@@ -174,6 +174,9 @@ class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # verl tracking back-ends besides console/TensorBoard, e.g. ["wandb"] or ["mlflow"].
     trackers: list[str] = msgspec.field(default_factory=list)
     max_steps: int = 0
+    # At max_steps the process exits (a local stack, a Job). False: it stays up, serving its metrics,
+    # until signalled, so a Deployment does not restart a finished trainer over and over.
+    exit_at_max_steps: bool = True
     # Prometheus `/metrics` of rank 0 (`harnessrl.shared.metrics_export`). Off (port 0) by default:
     # a local stack runs a trainer per run on one machine; a pod sets a port (and host 0.0.0.0).
     metrics_host: str = "127.0.0.1"
