@@ -44,7 +44,7 @@ from harnessrl.shared.net import free_port
 from harnessrl.stack.natsserver import NatsServer, nats_server_binary
 from harnessrl.testkit import crds
 from harnessrl.testkit.exits import launch_request
-from harnessrl.testkit.images import IMAGES
+from harnessrl.testkit.images import IMAGE_BY_NAME, IMAGES
 from harnessrl.testkit.tools import HELM
 from harnessrl.trainer.settings import read_settings as trainer_settings
 
@@ -336,6 +336,13 @@ def images_by_pod(*args: str) -> dict[str, list[tuple[str, str]]]:
         where: [(c["image"], c["imagePullPolicy"]) for c in pod["containers"]]
         for where, pod in pod_specs(docs)
     }
+
+
+def test_the_cpu_scenario_runs_only_images_make_images_builds(rendered: dict[str, list[Doc]]) -> None:
+    """`make cluster-check` runs local-cpu as rendered: each container's image is one built here."""
+    built = {image.ref for image in IMAGE_BY_NAME.values()}
+    named_images = {c["image"] for _, pod in pod_specs(rendered["local-cpu"]) for c in pod["containers"]}
+    assert named_images and named_images <= built, named_images - built
 
 
 def test_services_default_to_the_shared_image() -> None:

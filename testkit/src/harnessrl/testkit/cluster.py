@@ -27,7 +27,6 @@ from typing import Any
 import yaml
 
 from harnessrl.testkit import pods
-from harnessrl.testkit.images import IMAGE_BY_NAME
 from harnessrl.testkit.tools import HELM
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -40,16 +39,6 @@ MAX_RESTARTS = 3
 CLUSTER_NET = "hrl-cluster"
 EPISODE_NET = "hrl-episodes"
 COMPONENT = "app.kubernetes.io/component"
-# Images the chart's local-cpu scenario names -> what `make images` builds.
-CHART_SERVICE_IMAGE = "localhost/harnessrl:cpu"
-# The bundled NATS image can't be pulled here: the chart's `nats.image` selects ours. vLLM-CPU's
-# sampler goes through torch.compile, whose inductor needs a C++ compiler the image doesn't carry:
-# run it eagerly (belongs in ci/local-cpu-values.yaml's vllm.env).
-LOCAL_SETS = (
-    "nats.image.repository=localhost/harnessrl-nats",
-    "nats.image.tag=cpu",
-    "vllm.env.TORCHDYNAMO_DISABLE=1",
-)
 
 
 class ClusterError(RuntimeError):
@@ -57,7 +46,7 @@ class ClusterError(RuntimeError):
 
 
 def render(
-    values: Sequence[Path] = (LOCAL_CPU_VALUES,), sets: Sequence[str] = LOCAL_SETS
+    values: Sequence[Path] = (LOCAL_CPU_VALUES,), sets: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
     """`helm template` of the chart, every document parsed."""
     command = [str(HELM), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
@@ -69,13 +58,6 @@ def render(
     if done.returncode != 0:
         raise ClusterError(f"helm template failed: {done.stderr.strip()}")
     return [d for d in yaml.safe_load_all(done.stdout) if isinstance(d, dict)]
-
-
-def image_of(image: str, component: str) -> str:
-    """The image a container runs here: the chart's shared service image becomes the service's own."""
-    if image == CHART_SERVICE_IMAGE and component in IMAGE_BY_NAME:
-        return IMAGE_BY_NAME[component].ref
-    return image
 
 
 @dataclass(frozen=True)
@@ -228,8 +210,7 @@ class LocalCluster:
                 self.env.get(workload.component, {}),
             )  # fmt: skip
             main = spec["containers"][0]
-            image = image_of(main["image"], workload.component)
-            command = pods.run_args(spec, main, self.refs, place, image=image)
+            command = pods.run_args(spec, main, self.refs, place, image=main["image"])
             subprocess.run(["podman", "rm", "-f", f"{pod}-{main['name']}"], capture_output=True, check=False)
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:
