@@ -171,6 +171,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_demo_swe(args: argparse.Namespace) -> int:
+    """The coding demo (`make demo-swe`); exits non-zero below the issue's targets."""
+    from harnessrl.stack.demo.swe_run import SweDemoSettings, run_swe_demo, targets_met
+
+    settings = SweDemoSettings(steps=args.steps, warm_steps=args.warm_steps)
+    try:
+        summary = run_swe_demo(home_dir(args.home), settings)
+    except KeyboardInterrupt:
+        console.print("stopped")
+        return 130
+    except (TrainError, SupervisorError, NatsServerError, VllmServerError, BusError, OSError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    ok = targets_met(summary, settings)
+    if not ok:
+        console.print("[red]the held-out resolve rate did not improve as expected[/]")
+    sys.stdout.write(json.dumps(summary) + "\n")
+    return 0 if ok else 1
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Export spans, episode events, rollouts, weights and metrics to Parquet; resumes where it stopped."""
     from harnessrl.stack.export import ExportError, ExportOptions, run_export
@@ -307,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=15)
     demo.add_argument("--warm-steps", type=int, default=800)
     demo.set_defaults(func=cmd_demo)
+    demos = demo.add_subparsers(dest="demo_kind")
+    swe = demos.add_parser("swe", help="the coding demo: mini-swe-agent learning to fix bugs")
+    swe.add_argument("--home", default=None)
+    swe.add_argument("--steps", type=int, default=6)
+    swe.add_argument("--warm-steps", type=int, default=300)
+    swe.set_defaults(func=cmd_demo_swe)
     add_export_parser(sub)
     tail.register(sub)
     otlp.register(sub)

@@ -31,16 +31,11 @@ from aiohttp import web
 
 from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 from harnessrl.shared.cache import build_once, cache_root
+from harnessrl.stack.demo.swe_demos import MINI_ENV
 from harnessrl.testkit.local_app import LocalApp
 from harnessrl.testkit.tools import MINI_SWE_AGENT
 
 ECHO = "echo x >> NOTES.md"
-# What mini-swe-agent needs to run non-interactively, offline.
-MINI_ENV = {
-    "MSWEA_CONFIGURED": "true",
-    "MSWEA_COST_TRACKING": "ignore_errors",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-}
 # Two tasks (different repositories) whose gold fix changes one short line, in code with no loop (a
 # broken sample of the fix cannot make the graded tests hang).
 TASK_IDS = ("tinyswe__calc-0004", "tinyswe__structkit-0004")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from harnessrl.shared.cache import cache_root
+from harnessrl.stack.demo.swe_demos import MINI_SWE_AGENT
+
+__all__ = ["CLAUDE_CODE", "CLAUDE_CODE_VERSION", "CODEX", "CODEX_VERSION", "HELM", "MINI_SWE_AGENT"]
 
 HELM = cache_root() / "helm-kubectl-v33" / "helm"
-MINI_SWE_AGENT = cache_root() / "harness-mini-swe-agent-2.4.6" / "bin" / "mini"
 CLAUDE_CODE_VERSION = "2.1.332"
 CLAUDE_CODE = cache_root() / f"harness-claude-code-{CLAUDE_CODE_VERSION}" / "node_modules" / ".bin" / "claude"
 CODEX_VERSION = "0.171.0"
