@@ -3,7 +3,7 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-BENCHES := bus gateway reward controller trainer scale
+BENCHES := bus gateway reward controller trainer scale merge
 PYTEST_ARGS ?=
 
 .PHONY: dev check test demo bench $(addprefix bench-,$(BENCHES)) fmt images cluster-check
@@ -26,6 +26,11 @@ test: check
 
 demo: dev
 	$(VENV)/bin/harnessrl demo
+
+# The coding demo: the unmodified mini-swe-agent learning to fix bugs it never saw (needs scripts/tools.sh).
+.PHONY: demo-swe
+demo-swe: dev
+	$(VENV)/bin/harnessrl demo swe
 
 bench: $(addprefix bench-,$(BENCHES))
 

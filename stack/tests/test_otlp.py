@@ -141,6 +141,7 @@ async def test_gateway_spans_arrive_once_as_genai_client_spans_without_content(
         assert (attrs["harnessrl.run_id"], attrs["harnessrl.episode_id"]) == (run, span.episode)
         assert (attrs["harnessrl.span_seq"], attrs["harnessrl.policy_version"]) == (span.seq, 0)
         assert attrs["server.address"] == "127.0.0.1"
+        assert attrs["user_agent.original"] == span.client and "aiohttp/" in span.client
         assert not [key for key in CONTENT_KEYS if key in attrs]
     chat = [got[s.span_id] for s in spans if s.episode == episodes[0].episode]
     assert {s.attributes["gen_ai.operation.name"] for s in chat} == {"chat"}

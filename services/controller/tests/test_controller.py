@@ -124,13 +124,16 @@ def terminal_counts(events: list[Any]) -> Counter[str]:
 
 
 async def test_run_completes_with_rewards_rollouts_and_one_terminal_each(harness: Harness) -> None:
-    driver = await harness.submit(group_size=2, batch_tasks=2, max_steps=1, sampling={"temperature": 0.7})
+    driver = await harness.submit(
+        group_size=2, batch_tasks=2, max_steps=1, sampling={"temperature": 0.7}, token_in=True
+    )
     await asyncio.wait_for(driver.done.wait(), 60)
     events = await harness.events()
     kinds = Counter(kind(e) for e in events)
     assert kinds == {"scheduled": 4, "started": 4, "agent_exited": 4, "scored": 4, "completed": 4}
-    # The run's sampling policy travels with each schedule, for the gateway.
-    assert [e.sampling for e in events if kind(e) == "scheduled"] == [{"temperature": 0.7}] * 4
+    # The run's sampling policy and token-in choice travel with each schedule, for the gateway.
+    scheduled = [e for e in events if kind(e) == "scheduled"]
+    assert [(e.sampling, e.token_in) for e in scheduled] == [({"temperature": 0.7}, True)] * 4
     assert set(terminal_counts(events).values()) == {1}
     exited = [e for e in events if kind(e) == "agent_exited"]
     assert all(e.task_spec is not None and e.task_spec.task_id == e.task for e in exited)

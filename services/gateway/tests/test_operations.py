@@ -20,11 +20,13 @@ from harnessrl.gateway.episodes import EpisodeCache
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.base import Bus, ConsumerSpec, Delivery
 from harnessrl.shared.contracts import (
+    CLIENT_MAX_CHARS,
     AgentExited,
     EpisodeScheduled,
     ServiceMetrics,
     UpstreamRegistration,
     WeightVersion,
+    harness_of,
 )
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.net import free_port
@@ -144,6 +146,22 @@ async def test_spans_carry_the_weight_version(canned: CannedUpstream, bus: Bus) 
         await _request("POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT)
     spans = await episode.spans(bus)
     assert [(s.weight_version_start, s.weight_version_end) for s in spans] == [(0, 0), (3, 3)]
+
+
+async def test_spans_name_the_client_that_made_the_call(canned: CannedUpstream, bus: Bus) -> None:
+    """The User-Agent, as sent and capped: what tells the trainer's break classes which harness it was."""
+    episode = KeyedEpisode()
+    agents = ["claude-cli/2.1.332 (external, sdk-cli)", "x" * (CLIENT_MAX_CHARS + 50)]
+    async with serve_gateway(settings_for([canned.url]), bus) as gateway:
+        for agent in agents:
+            headers = {"user-agent": agent}
+            await _request(
+                "POST", gateway.url + "/v1/chat/completions", key=episode.key, json=CHAT, headers=headers
+            )
+    spans = await episode.spans(bus)
+    assert [s.client for s in spans] == [agents[0], agents[1][:CLIENT_MAX_CHARS]]
+    assert [harness_of(s.client) for s in spans] == ["claude-cli", "x" * CLIENT_MAX_CHARS]
+    assert harness_of("") == "" and harness_of("AsyncOpenAI/Python 1.109.1") == "AsyncOpenAI"
 
 
 async def test_replicas_register_on_the_bus_and_by_admin(bus: Bus) -> None:
@@ -528,3 +546,21 @@ async def _sigterm_once_upstream_busy(
     # uvicorn ends by the signal it was sent once it has shut down, as a shell expects.
     assert await asyncio.wait_for(process.wait(), grace_s + 10) == -signal.SIGTERM
     return time.monotonic() - started
+
+
+async def test_a_call_retried_on_the_next_replica_names_that_replicas_model(
+    canned: CannedUpstream, bus: Bus
+) -> None:
+    """A replica that refuses the connection: the next one gets the client's model, not the dead one's."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with serve_gateway(settings_for([canned.url]), bus) as gateway:
+        pool = gateway.gateway.pool
+        pool.register(dead, model="served-by-the-dead-one")
+        episode = next(
+            e for e in (KeyedEpisode() for _ in range(200)) if next(pool.candidates(e.episode)).url == dead
+        )
+        status, body, _ = await _request(
+            "POST", gateway.url + "/v1/chat/completions", key=episode.key, json={**CHAT, "model": "asked"}
+        )
+    assert status == 200, body
+    assert canned.bodies[-1]["model"] == "asked"

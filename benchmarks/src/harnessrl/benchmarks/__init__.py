@@ -5,4 +5,4 @@ one JSON object. Benchmarks may import every other package (services, the stack,
 product package imports a benchmark.
 """
 
-NAMES = ("bus", "gateway", "reward", "controller", "trainer", "scale", "cluster_check")
+NAMES = ("bus", "gateway", "reward", "controller", "trainer", "scale", "cluster_check", "merge")

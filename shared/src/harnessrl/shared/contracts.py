@@ -16,6 +16,12 @@ SCHEMA_VERSION = 1
 
 ApiKind = Literal["chat", "completions", "responses", "messages"]
 SpanStatus = Literal["ok", "aborted", "error"]
+# How a token-in call's prompt was built (gateway `token_in`): `extended` spliced the parent span's
+# exact prompt + sampled ids and rendered only the new turns; `fresh` is the episode's first call or
+# has no assistant turn; `branched` has assistant turns no stored answer proves (the client edited,
+# dropped or compacted them): spliced from the deepest proven parent if any, else the plain
+# render, and the trainer masks what it can't match.
+TokenInCase = Literal["extended", "fresh", "branched"]
 FailureCause = Literal["infra", "agent", "timeout", "reward-error"]
 RunMode = Literal["sync", "async"]
 # Request fields the gateway sets on every call of a run, over the harness's own (e.g.
@@ -88,6 +94,22 @@ class Span(Message, frozen=True, kw_only=True):
     ttft_s: float | None = None
     usage: Usage = msgspec.field(default_factory=Usage)
     error: str | None = None
+    # Token-in mode only (None: the prompt is the plain render of the request, as vLLM made it).
+    token_in: TokenInCase | None = None
+    # Token-in mode: digest of the conversation this call's answer ends (request turns + answer),
+    # so a later call that extends it finds this span as its parent on any gateway replica.
+    history_digest: str = ""
+    # The caller's User-Agent as sent (at most `CLIENT_MAX_CHARS`), e.g. "claude-cli/2.1.332
+    # (external, sdk-cli)": what tells one harness's calls from another's in the trainer's metrics.
+    client: str = ""
+
+
+CLIENT_MAX_CHARS = 200
+
+
+def harness_of(client: str) -> str:
+    """The harness a User-Agent names: its first product token without the version ("" if none)."""
+    return client.split(" ", 1)[0].split("/", 1)[0]
 
 
 # --- episode lifecycle -----------------------------------------------------------------------------
@@ -120,6 +142,8 @@ class EpisodeScheduled(EpisodeEventBase, frozen=True, kw_only=True, tag="schedul
     launcher: str = "local"
     expected_version: int = 0
     sampling: Sampling = msgspec.field(default_factory=dict)
+    # The run's `token_in` (None: the gateway's own `token_in` setting decides).
+    token_in: bool | None = None
 
 
 class EpisodeStarted(EpisodeEventBase, frozen=True, kw_only=True, tag="started"):
@@ -345,6 +369,9 @@ class RunSpec(Message, frozen=True, kw_only=True):
     reward: str = "auto"
     model: str = ""
     sampling: Sampling = msgspec.field(default_factory=dict)
+    # Token-in mode for the run's LLM calls (see `Span.token_in`); None: the gateway's default
+    # (`HRL_GATEWAY_TOKEN_IN`). Off by default until measured better.
+    token_in: bool | None = None
     # Stop the run when every episode of its first this-many groups failed the same way (0: never).
     fail_fast_groups: int = 1
 

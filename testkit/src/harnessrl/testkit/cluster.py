@@ -45,9 +45,7 @@ class ClusterError(RuntimeError):
     """The rendered chart could not be run, or a pod never became ready."""
 
 
-def render(
-    values: Sequence[Path] = (LOCAL_CPU_VALUES,), sets: Sequence[str] = ()
-) -> list[dict[str, Any]]:
+def render(values: Sequence[Path] = (LOCAL_CPU_VALUES,), sets: Sequence[str] = ()) -> list[dict[str, Any]]:
     """`helm template` of the chart, every document parsed."""
     command = [str(HELM), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
     for path in values:

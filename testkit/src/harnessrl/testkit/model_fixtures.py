@@ -35,3 +35,64 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     server.start()
     yield server
     server.stop()
+
+
+# --- a model whose chat template rewrites history (token-in mode's test model) ---------------------
+
+# The default tiny model's ChatML + hermes template, with two rewrites real templates make: earlier
+# assistant turns lose their reasoning (Qwen3 drops `<think>...</think>`), and tool-call arguments
+# are rendered again with `tojson` (`{"a": 1}`), whatever JSON the model sampled (`{"a":1}`).
+REWRITING_TEMPLATE = """\
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and ' }}
+{{- 'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
+{{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{%- set content = message.content or '' %}
+{%- if '</think>' in content %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}
+{{- '<|im_start|>assistant' }}
+{%- if content %}{{- '\\n' + content }}{%- endif %}
+{%- for tool_call in message.tool_calls or [] %}
+{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
+{{- '\\n<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
+{%- if tool_call.arguments is string %}{{- tool_call.arguments }}
+{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}
+{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+{{- '<|im_start|>user' }}
+{%- endif %}
+{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+"""
+
+
+def with_chat_template(model_dir: Path, out_dir: Path, template: str) -> Path:
+    """A copy of `model_dir` (weights, tokenizer) whose chat template is `template`; returns `out_dir`."""
+    import shutil
+
+    shutil.copytree(model_dir, out_dir, dirs_exist_ok=True)
+    (out_dir / "chat_template.jinja").write_text(template)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def rewriting_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with `REWRITING_TEMPLATE`: its next prompt never re-renders what it sampled."""
+    return with_chat_template(tiny_model, tmp_path_factory.mktemp("rewriting-model"), REWRITING_TEMPLATE)

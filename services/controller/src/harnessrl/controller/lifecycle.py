@@ -48,10 +48,11 @@ class RunEpisodes:
         launcher_kind: str,
         infra_retries: int,
         sampling: Sampling | None = None,
+        token_in: bool | None = None,
     ) -> None:
         self._bus, self._store, self.tasks = bus, store, tasks
         self._launcher_kind, self._infra_retries = launcher_kind, infra_retries
-        self._sampling = sampling or {}
+        self._sampling, self._token_in = sampling or {}, token_in
         self.records: dict[str, EpisodeRecord] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.on_retry: Relaunch | None = None
@@ -104,7 +105,7 @@ class RunEpisodes:
         return record
 
     async def _publish(self, record: EpisodeRecord) -> None:
-        items = outbox(record, self.task_of(record), self._launcher_kind, self._sampling)
+        items = outbox(record, self.task_of(record), self._launcher_kind, self._sampling, self._token_in)
         self._store.ensure_active()
         if items:
             await self._bus.publish_batch(items)

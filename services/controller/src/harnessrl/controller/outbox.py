@@ -30,8 +30,17 @@ def event_msg_id(record: EpisodeRecord, kind: str) -> str:
     return f"{record.run}:{record.episode}:{kind}"
 
 
-def outbox(record: EpisodeRecord, task: TaskSpec | None, launcher: str, sampling: Sampling) -> list[Outgoing]:
-    """Everything to publish for the record's current phase (`sampling`: the run's, for the gateway)."""
+def outbox(
+    record: EpisodeRecord,
+    task: TaskSpec | None,
+    launcher: str,
+    sampling: Sampling,
+    token_in: bool | None = None,
+) -> list[Outgoing]:
+    """Everything to publish for the record's current phase.
+
+    `sampling` and `token_in` are the run's, for the gateway (`token_in` None: the gateway decides).
+    """
     base: dict[str, Any] = {
         "run": record.run,
         "episode": record.episode,
@@ -43,7 +52,11 @@ def outbox(record: EpisodeRecord, task: TaskSpec | None, launcher: str, sampling
     if record.phase == "scheduled":
         events.append(
             EpisodeScheduled(
-                **base, launcher=launcher, expected_version=record.expected_version, sampling=sampling
+                **base,
+                launcher=launcher,
+                expected_version=record.expected_version,
+                sampling=sampling,
+                token_in=token_in,
             )
         )
     elif record.phase == "started":

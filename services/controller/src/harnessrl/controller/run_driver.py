@@ -64,6 +64,7 @@ class RunDriver:
             launcher_kind=launcher.kind,
             infra_retries=self.spec.infra_retries,
             sampling=self.spec.sampling,
+            token_in=self.spec.token_in,
         )
         self.episodes.on_retry = lambda retry: self.spawn(self.launch(retry))
         self._wake = asyncio.Event()

@@ -49,7 +49,7 @@ class EpisodeSpans:
     only other replicas' calls.
     """
 
-    __slots__ = ("_contexts", "last_stream_seq", "lock", "next_seq")
+    __slots__ = ("_contexts", "_digests", "last_stream_seq", "lock", "next_seq")
 
     def __init__(self) -> None:
         self.next_seq = 0
@@ -57,6 +57,8 @@ class EpisodeSpans:
         self.lock = asyncio.Lock()
         # span id -> (ids, length): the span's context is ids[:length]. Oldest first.
         self._contexts: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
+        # Token-in mode: span id -> `Span.history_digest`, for the kept contexts that have one.
+        self._digests: dict[str, str] = {}
 
     @property
     def expected(self) -> LastOnSubject:
@@ -101,8 +103,25 @@ class EpisodeSpans:
                 if ids is shared and length <= span.prefix_len:
                     self._contexts[span_id] = (context, length)
         self._contexts[span.span_id] = (context, len(context))
+        if span.history_digest:
+            self._digests[span.span_id] = span.history_digest
         while len(self._contexts) > KEPT_CONTEXTS:
-            self._contexts.popitem(last=False)
+            forgotten, _ = self._contexts.popitem(last=False)
+            self._digests.pop(forgotten, None)
+
+    def conversation_parent(self, digests: Sequence[str]) -> tuple[str, list[int], int] | None:
+        """Token-in: the kept span whose conversation is the longest prefix of a request's.
+
+        `digests[i]` is the digest of the request's first i + 1 messages. Returns the span, its
+        context (prompt + first completion) and how many of the request's messages it covers.
+        """
+        by_digest = {digest: span_id for span_id, digest in self._digests.items()}
+        for turns in range(len(digests), 0, -1):
+            span_id = by_digest.get(digests[turns - 1])
+            context = self._context(span_id) if span_id is not None else None
+            if span_id is not None and context is not None:
+                return span_id, context, turns
+        return None
 
     def learn(self, deliveries: Sequence[Delivery]) -> bool:
         """Apply the spans stored after the last known one, oldest first.
@@ -140,6 +159,7 @@ class EpisodeSpans:
         self.next_seq = max((span.seq for span in spans), default=-1) + 1
         self.last_stream_seq = deliveries[-1].stream_seq if deliveries else 0
         self._contexts.clear()
+        self._digests.clear()
         try:
             prompts = reconstruct_prompts(spans)
         except TokenDeltaError as exc:  # no parent then: the next prompts are stored whole

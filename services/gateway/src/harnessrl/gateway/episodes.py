@@ -58,6 +58,7 @@ class EpisodeCache:
         self.bus = bus
         self.cache_size = cache_size
         self.run_sampling: dict[str, Sampling] = {}
+        self.run_token_in: dict[str, bool] = {}  # runs whose spec set `token_in`
         self._episodes: OrderedDict[Key, Episode] = OrderedDict()
         self._subscription: Subscription | None = None
 
@@ -76,7 +77,7 @@ class EpisodeCache:
     async def _on_event(self, delivery: Delivery) -> None:
         event = decode_event(delivery.data)
         if isinstance(event, EpisodeScheduled):
-            self.run_sampling[event.run] = event.sampling
+            self._learn_run(event)
         elif isinstance(event, CLOSING_EVENTS):
             held = self._episodes.get((event.run, event.episode))
             if held is not None:
@@ -97,6 +98,15 @@ class EpisodeCache:
     def sampling(self, run: str) -> Sampling:
         """The run's sampling policy (known once one of its scheduled episodes was seen)."""
         return self.run_sampling.get(run, {})
+
+    def token_in(self, run: str, default: bool) -> bool:
+        """Whether the run's calls go token-in (its spec's `token_in`, else `default`)."""
+        return self.run_token_in.get(run, default)
+
+    def _learn_run(self, event: EpisodeScheduled) -> None:
+        self.run_sampling[event.run] = event.sampling
+        if event.token_in is not None:
+            self.run_token_in[event.run] = event.token_in
 
     async def episode(self, run: str, episode: str) -> Episode:
         """The episode, looked up on the bus on first sight; raises what the bus raised."""
@@ -145,4 +155,4 @@ class EpisodeCache:
         for delivery in await self.bus.replay(subjects.EPISODES.name, subject):
             event = decode_event(delivery.data)
             if isinstance(event, EpisodeScheduled):
-                self.run_sampling[run] = event.sampling
+                self._learn_run(event)

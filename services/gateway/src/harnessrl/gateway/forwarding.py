@@ -49,10 +49,11 @@ class Forwarder:
         """Send the call to the first reachable replica; the caller must `finish` the response."""
         headers = _upstream_headers(scope)
         unreachable: Exception | None = None
+        requested = body.get("model", "")  # each candidate gets its own name, not the last one tried
         for upstream in self.pool.candidates(call.episode):
             await upstream.slots.acquire()
             upstream.in_flight += 1
-            body["model"] = self.served_model or upstream.model or body.get("model", "")
+            body["model"] = self.served_model or upstream.model or requested
             call.model = body["model"]
             call.upstream = upstream.url
             call.weight_version_start = self.gateway.weights.version(call.run, upstream.weight_version)

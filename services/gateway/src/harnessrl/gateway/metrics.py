@@ -65,6 +65,14 @@ class GatewayMetrics:
             ["route", "part"],
             registry=self.registry,
         )
+        self.token_in = Counter(
+            "harnessrl_gateway_token_in_calls",
+            "Calls of token-in runs, by how their prompt was built: extended (the sampled history "
+            "spliced), fresh (nothing sampled before), branched (the client rewrote history), plain "
+            "(a call token-in can't reproduce, sent as plain chat).",
+            ["case"],
+            registry=self.registry,
+        )
         self.upstream_retries = Counter(
             "harnessrl_gateway_upstream_retries",
             "Calls retried on another replica because the first could not be reached.",

@@ -22,6 +22,7 @@ from harnessrl.gateway.asgi import (
     Receive,
     Scope,
     Send,
+    header,
     read_body,
     respond,
     respond_error,
@@ -46,6 +47,8 @@ from harnessrl.gateway.forwarding import Forwarder
 from harnessrl.gateway.recorder import CallRecord, request_params
 from harnessrl.gateway.service import Gateway
 from harnessrl.gateway.stream_relay import relay_stream
+from harnessrl.gateway.token_in import TokenIn
+from harnessrl.shared.contracts import CLIENT_MAX_CHARS
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.keys import EpisodeClaims
 from harnessrl.shared.log import get_logger
@@ -76,6 +79,7 @@ class Proxy:
         self.settings = gateway.settings
         self.metrics = gateway.metrics
         self.forwarder = Forwarder(gateway)
+        self.token_in = TokenIn(gateway)
         self.keys = KeyVerifier(gateway.settings.secret)
         self.access_log = AccessLog(gateway.settings.log_level) if gateway.settings.access_log else None
         self._counters: dict[tuple[str, int], Any] = {}
@@ -156,6 +160,7 @@ class Proxy:
         body = _parse_body(await read_body(scope, receive, self.settings.max_body_bytes), api)
         call = CallRecord(run=claims.run, episode=claims.episode, api=api.kind, span_id=new_id("span"))
         call.params = request_params(body)
+        call.client = (header(scope, b"user-agent") or b"").decode("utf-8", "replace")[:CLIENT_MAX_CHARS]
         _check_depth(call.params)
         call.stream = body.get("stream") is True
         asked = api.prepare(body)
@@ -170,6 +175,8 @@ class Proxy:
             policy = {**self.settings.sampling, **self.gateway.episodes.sampling(claims.run)}
             body.update(policy)
             call.params.update(policy)  # the span records what was sampled with
+            if self.token_in.enabled(claims.run):
+                api, body = await self.token_in.plan(api, call, episode.spans, body)
             if call.stream:
                 return await relay_stream(
                     self.forwarder, api, call, episode.spans,

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from harnessrl.gateway.capture import Capture
+from harnessrl.gateway.conversation import TokenInCall
 from harnessrl.gateway.episode_spans import EpisodeSpans
 from harnessrl.gateway.errors import Unavailable
 from harnessrl.gateway.metrics import GatewayMetrics
@@ -38,6 +39,7 @@ class CallRecord:
 
     __slots__ = (
         "api",
+        "client",
         "episode",
         "model",
         "params",
@@ -46,6 +48,7 @@ class CallRecord:
         "started_at",
         "started_mono",
         "stream",
+        "token_in",
         "ttft_s",
         "upstream",
         "weight_version_start",
@@ -64,6 +67,8 @@ class CallRecord:
         self.params: dict[str, Any] = {}
         self.ttft_s: float | None = None
         self.weight_version_start = 0
+        self.token_in: TokenInCall | None = None  # set when the call went token-in
+        self.client = ""  # the caller's User-Agent
 
 
 def request_params(body: dict[str, Any]) -> dict[str, Any]:
@@ -166,4 +171,7 @@ def _draft(
         ttft_s=call.ttft_s,
         usage=capture.usage,
         error=error,
+        token_in=call.token_in.case if call.token_in is not None else None,
+        history_digest=call.token_in.history_digest() if call.token_in is not None and status == "ok" else "",
+        client=call.client,
     )

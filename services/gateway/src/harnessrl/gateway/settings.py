@@ -29,6 +29,10 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     served_model: str = ""
     # Sampling parameters forced on every LLM call; a run's own (`sampling` in its spec) win over them.
     sampling: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Token-in mode for episodes whose run doesn't say (RunSpec `token_in`): chat, Messages and
+    # Responses calls are sent as the episode's exact token history (README "Token-in mode").
+    # Off until measured better than re-rendering.
+    token_in: bool = False
     # Bigger request bodies get 413 (agents send long contexts; 16 MiB is far above any window).
     max_body_bytes: int = 16 * 1024 * 1024
     max_artifact_bytes: int = 16 * 1024 * 1024

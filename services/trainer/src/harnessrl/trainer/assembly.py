@@ -12,6 +12,10 @@ run's own, learned once from the first rollout assembled here that shows one (`r
 its first ok call with tokens not sampled greedily). The gateway applies the run's sampling to
 every call, so that is the temperature of all of them; calls sampled otherwise are not trained.
 A restarted trainer learns it again the same way.
+
+Each rollout's report is labelled with its harness and model (`metrics.LabelledReport`), so the
+step metrics show break classes per harness and model: the model is the one its spans name, the
+harness the one their User-Agent names (`contracts.harness_of`), else `unknown`.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from harnessrl.shared.contracts import RolloutComplete, Span
+from harnessrl.shared.contracts import RolloutComplete, Span, harness_of
 from harnessrl.trainer.advantages import AssembledRollout
+from harnessrl.trainer.metrics import UNKNOWN, LabelledReport
 from harnessrl.trainer.samples import BuildReport, build_rows
 from harnessrl.trainer.sampling import run_temperature
 from harnessrl.trainer.settings import PoolSettings, SampleLimits
@@ -51,6 +56,20 @@ def _unique_spans(spans: Sequence[Span]) -> list[Span]:
     for span in spans:
         by_seq.setdefault(span.seq, span)
     return [by_seq[seq] for seq in sorted(by_seq)]
+
+
+def labelled(report: BuildReport, spans: Sequence[Span]) -> LabelledReport:
+    """`report` with its spans' harness and model labels and their count of ok calls with tokens."""
+    harness = next((name for span in spans if (name := harness_of(span.client))), UNKNOWN)
+    calls = sum(
+        span.status == "ok" and bool(span.completions and span.completions[0].token_ids) for span in spans
+    )
+    return LabelledReport(
+        **msgspec.structs.asdict(report),
+        harness=harness,
+        model=next((span.model for span in spans if span.model), UNKNOWN),
+        calls=calls,
+    )
 
 
 class RolloutPool:
@@ -93,7 +112,7 @@ class RolloutPool:
             return "pending"
         self._pending.pop(key, None)
         rows, report = build_rows(key, unique, self.limits, temperature=self._temperature(unique))
-        self.reports[key] = report
+        self.reports[key] = labelled(report, unique)
         versions = [span.weight_version_start for span in unique] or rollout.versions_seen or [0]
         # A gateway's stamp can lag a just-published version; the admission version can't.
         min_version = max(min(versions), rollout.admitted_version)

@@ -7,6 +7,11 @@ Sample-building counts (`BuildReport`: sampled tokens and why some train in no r
 mismatches) are summed over every rollout of the batch that has a report, trained or not: they
 describe what the harness and the limits did to the data, which a skipped group (zero variance,
 stale) doesn't change. `tokens/trained` alone counts what this step's update trained.
+
+Break classes per harness and model (`merge/<harness>/<model>/<class>`, from `LabelledReport`):
+how many calls extended a row (`extended`) and how many started a new one, by mismatch kind
+(`samples.MISMATCH_KINDS`); `merge/<harness>/<model>/break_rate` is the broken share of the calls
+that followed another. A label's `/` is written `_` so the key splits back into its parts.
 """
 
 from __future__ import annotations
@@ -19,9 +24,64 @@ from typing import Any
 from harnessrl.shared.contracts import StepMetrics
 from harnessrl.shared.log import get_logger
 from harnessrl.trainer.advantages import AssembledRollout, GroupOutcome
-from harnessrl.trainer.samples import BuildReport
+from harnessrl.trainer.samples import MISMATCH_KINDS, BuildReport
 
 log = get_logger(__name__)
+
+UNKNOWN = "unknown"
+MERGE_PREFIX = "merge/"
+# What a call did to its rollout's rows: extended one, or broke off by a mismatch kind.
+MERGE_OUTCOMES = ("extended", *MISMATCH_KINDS)
+
+
+class LabelledReport(BuildReport, kw_only=True):
+    """A rollout's `BuildReport` with who made its calls: the harness, the model, how many calls.
+
+    `calls` counts the ok calls with tokens. The first call opens a row; of the others each break
+    (`mismatches`) opened a new one, a prompt too long opened none, and the rest extended a row
+    (a break whose prompt was then too long counts in both, so `extended` is a lower bound).
+    """
+
+    harness: str = UNKNOWN
+    model: str = UNKNOWN
+    calls: int = 0
+
+    @property
+    def extended(self) -> int:
+        """Calls that extended a row."""
+        followers = max(0, self.calls - 1)
+        return max(0, followers - sum(self.mismatches.values()) - self.prompt_too_long)
+
+
+def merge_key(harness: str, model: str, outcome: str) -> str:
+    """The step-metric name of one break class (or `break_rate`) of a harness and model."""
+    return f"{MERGE_PREFIX}{_label(harness)}/{_label(model)}/{outcome}"
+
+
+def split_merge_key(name: str) -> tuple[str, str, str] | None:
+    """(harness, model, outcome) of a `merge_key`, None for any other name."""
+    parts = name.removeprefix(MERGE_PREFIX).split("/") if name.startswith(MERGE_PREFIX) else []
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
+
+
+def _label(value: str) -> str:
+    return value.replace("/", "_") or UNKNOWN
+
+
+def merge_values(reports: Sequence[BuildReport]) -> dict[str, float]:
+    """The break classes of the labelled `reports`, summed per harness and model, with each break rate."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for report in reports:
+        if isinstance(report, LabelledReport):
+            labels = (report.harness, report.model)
+            counts[(*labels, "extended")] += report.extended
+            counts.update({(*labels, kind): n for kind, n in report.mismatches.items()})
+    values = {merge_key(*key): float(n) for key, n in counts.items()}
+    for harness, model in {key[:2] for key in counts}:
+        broken = sum(counts[(harness, model, kind)] for kind in MISMATCH_KINDS)
+        followers = broken + counts[(harness, model, "extended")]
+        values[merge_key(harness, model, "break_rate")] = broken / followers if followers else 0.0
+    return values
 
 
 def batch_metrics(
@@ -51,6 +111,7 @@ def batch_metrics(
     reported = [reports[item.rollout_id] for item in rollouts if item.rollout_id in reports]
     if reported:
         values.update(report_values(reported))
+        values.update(merge_values(reported))
     staleness = Counter(str(version - item.min_version) for item in trained)
     return values, dict(staleness)
 

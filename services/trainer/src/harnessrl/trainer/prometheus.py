@@ -6,8 +6,9 @@ trainer state are read when scraped. `app.serve` serves the registry on `/metric
 on METRICS (`harnessrl.shared.metrics_export`); the per-step `StepMetrics` on
 `hrl.metrics.<run>.trainer` stay what they are.
 
-Labels are bounded: a batch result, an untrained-token reason, a drop reason; never a rollout. One
-trainer serves one run, so the run is the scrape target's, not a label.
+Labels are bounded: a batch result, an untrained-token reason, a drop reason, a harness, a model and
+a break class; never a rollout. One trainer serves one run, so the run is the scrape target's, not
+a label.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from harnessrl.trainer.metrics import MERGE_OUTCOMES, split_merge_key
 
 if TYPE_CHECKING:
     from harnessrl.trainer.assembly import RolloutPool
@@ -104,6 +107,13 @@ class TrainerMetrics:
             ["reason"],
             registry=registry,
         )
+        self.merge_calls = PromCounter(
+            "harnessrl_trainer_merge_calls",
+            "Calls by what they did to their rollout's rows: extended one, or broke off by class "
+            "(retry, template_dropped, retokenized, rewrote_history, branch), per harness and model.",
+            ["harness", "model", "outcome"],
+            registry=registry,
+        )
         self.rollouts_trained = PromCounter(
             "harnessrl_trainer_rollouts_trained", "Rollouts trained in a step.", registry=registry
         )
@@ -155,6 +165,10 @@ class TrainerMetrics:
         for name, count in values.items():
             if name.startswith("tokens/") and name not in _TOKEN_TOTALS:
                 self.untrained_tokens.labels(name.removeprefix("tokens/")).inc(count)
+        for name, count in values.items():
+            parts = split_merge_key(name)
+            if parts is not None and parts[2] in MERGE_OUTCOMES:
+                self.merge_calls.labels(*parts).inc(count)
         if "perf/tokens_per_s" in values:
             self.tokens_per_second.set(values["perf/tokens_per_s"])
         for lag, count in result.metrics.staleness.items():

@@ -119,6 +119,10 @@ def rl_attributes(span: Span, stream_seq: int) -> Attributes:
     }
     if span.parent_span is not None:
         attributes["harnessrl.parent_span_id"] = span.parent_span
+    if span.token_in is not None:
+        attributes["harnessrl.token_in"] = span.token_in
+    if span.client:
+        attributes["user_agent.original"] = span.client
     return attributes
 
 

@@ -1,0 +1,488 @@
+"""Token-in mode: a chat call's prompt is the episode's exact token history, not a re-render.
+
+A chat template may render an earlier turn differently from how the model sampled it (reasoning
+dropped, tool-call JSON re-serialised, whitespace changed, text tokenized the canonical way): then
+the next prompt no longer extends the previous prompt + completion, and the trainer can't train
+those turns as sampled. In token-in mode (per run: RunSpec `token_in`, else the gateway's
+`token_in` setting) a chat, Messages or Responses call (Messages and Responses arrive here as chat)
+is planned here instead:
+
+1. Find the parent: the episode's span whose request + answer the request's earlier messages are
+   (`conversation` digests on each span; `EpisodeSpans.conversation_parent`). Spans live on the
+   bus, so a replica that doesn't know the newest reads the episode's spans again.
+2. Render the request with vLLM's `/tokenize` (the model's own template), and the history up to
+   the parent's answer; the new turns are what the full render has after as many turn ends
+   (`terminator`, learned once per replica from two tiny renders) as the history has.
+3. Prompt = parent prompt + parent completion (+ the end-of-turn bridge: what the template writes
+   after the end-of-turn token, or the whole terminator if the completion stopped otherwise) +
+   the new turns' ids. Sent as token ids to vLLM's `/v1/completions`, with `return_token_ids`.
+4. The completions answer (or each stream chunk) is turned into the chat answer vLLM would give
+   (`tool_parse`: the `hermes` format), then into Messages or Responses as for any chat call.
+
+Cases (`Span.token_in`, counted in `harnessrl_gateway_token_in_calls{case}`): `extended` (the
+whole sampled history spliced), `fresh` (the episode's first call, or no assistant turn in the
+request), `branched` (the request has assistant turns no stored answer proves: the prompt is
+spliced from the deepest parent that is proven, else the plain render). Calls token-in can't
+reproduce (a forced tool choice, non-text content, `continue_final_message`) go the plain chat
+way, counted as `plain`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import aiohttp
+import msgspec
+
+from harnessrl.gateway.capture import Asked, Capture
+from harnessrl.gateway.conversation import TokenInCall, prefix_digests
+from harnessrl.gateway.dialects import Api
+from harnessrl.gateway.episode_spans import EpisodeSpans
+from harnessrl.gateway.errors import BadGateway, Dialect, Unavailable, error_for_status
+from harnessrl.gateway.recorder import CallRecord
+from harnessrl.gateway.service import Gateway
+from harnessrl.gateway.tool_parse import ToolCallStream, parse
+from harnessrl.gateway.upstreams import Upstream
+from harnessrl.shared import subjects
+from harnessrl.shared.contracts import ApiKind, TokenInCase
+from harnessrl.shared.log import get_logger
+
+log = get_logger(__name__)
+
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+# Chat request fields with no completions counterpart (the render consumed the conversation ones).
+_CHAT_ONLY = frozenset({
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs",
+    "max_completion_tokens", "max_tokens", "stream_options", "chat_template", "chat_template_kwargs",
+    "add_generation_prompt", "continue_final_message", "reasoning_effort", "include_reasoning",
+    "thinking_token_budget", "return_token_ids", "documents", "mm_processor_kwargs",
+    "media_io_kwargs", "user", "metadata", "store", "modalities", "audio", "prediction",
+    "web_search_options", "functions", "function_call", "service_tier", "verbosity",
+})  # fmt: skip
+# Render fields taken from the chat request (vLLM's `/tokenize` accepts them for messages).
+_RENDER_FIELDS = ("tools", "chat_template", "chat_template_kwargs")
+# Two renders whose common end is the template's turn terminator (e.g. `<|im_end|>` `\n`).
+_PROBE = [{"role": "user", "content": "a"}]
+_PROBE_ANSWERED = [*_PROBE, {"role": "assistant", "content": "b"}]
+_NOT_REACHED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+
+
+class TokenIn:
+    """Plans token-in calls: which parent, which prompt, which upstream route."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.metrics = gateway.metrics
+        self.renderer = Renderer(gateway)
+
+    def enabled(self, run: str) -> bool:
+        """Whether the run's calls go token-in (its spec, else the gateway's setting)."""
+        return self.gateway.episodes.token_in(run, self.gateway.settings.token_in)
+
+    async def plan(
+        self, api: Api, call: CallRecord, spans: EpisodeSpans, body: dict[str, Any]
+    ) -> tuple[Api, dict[str, Any]]:
+        """The api and body to send: token-in ones, or `api` and `body` as they are (plain)."""
+        wrapper = _WRAPPERS.get(api.kind)
+        if wrapper is None or not isinstance(body.get("messages"), list) or _plain_only(body):
+            self.metrics.token_in.labels("plain").inc()
+            return api, body
+        messages: list[Any] = body["messages"]
+        digests = prefix_digests(messages)
+        upstream, full = await self.renderer.render_anywhere(call.episode, body, messages)
+        case, prompt, parent = await self._prompt(call, spans, body, upstream, digests, full)
+        self.metrics.token_in.labels(case).inc()
+        call.token_in = TokenInCall(case, digests[-1] if digests else "", parent)
+        sent = completions_body(body, prompt)
+        shaped = wrapper(api, call.token_in, parse_tools=_parses_tools(body), top_logprobs=sent["logprobs"])
+        return shaped, sent
+
+    async def _prompt(
+        self, call: CallRecord, spans: EpisodeSpans, body: dict[str, Any], upstream: Upstream,
+        digests: list[str], full: list[int],
+    ) -> tuple[TokenInCase, list[int], str | None]:  # fmt: skip
+        """`(case, prompt, parent span)`."""
+        messages: list[Any] = body["messages"]
+        sampled = _answered_turns(messages)
+        if sampled == 0:
+            return "fresh", full, None
+        found = spans.conversation_parent(digests[:sampled])
+        if found is None or found[2] < sampled:  # another replica may have stored it
+            await self._refresh(call, spans)
+            found = spans.conversation_parent(digests[:sampled])
+        if found is None:  # assistant turns, none sampled: few-shot examples when nothing was yet
+            return ("fresh" if spans.next_seq == 0 else "branched"), full, None
+        parent, context, turns = found
+        history = await self.renderer.render(upstream, body, messages[:turns], generation_prompt=False)
+        spliced = splice(context, history, full, await self.renderer.terminator(upstream))
+        if spliced is None:
+            log.warning("token_in.splice_failed", span=call.span_id, parent=parent)
+            return "branched", full, None
+        return ("extended" if turns == sampled else "branched"), spliced, parent
+
+    async def _refresh(self, call: CallRecord, spans: EpisodeSpans) -> None:
+        """Read the episode's stored spans again (another replica may have served its last call)."""
+        stored = await self.gateway.bus.replay(subjects.SPANS.name, subjects.span(call.run, call.episode))
+        async with spans.lock:
+            spans.rebuild(stored)
+
+
+class Renderer:
+    """The model's chat template, applied by the episode's vLLM replica (`/tokenize`)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.pool = gateway.pool
+        settings = gateway.settings
+        self.timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
+        )
+        self._terminators: dict[str, list[int]] = {}
+
+    async def render_anywhere(
+        self, episode: str, body: dict[str, Any], messages: list[Any]
+    ) -> tuple[Upstream, list[int]]:
+        """The episode's first reachable replica and its render of the request (to be answered)."""
+        unreachable: Exception | None = None
+        for upstream in self.pool.candidates(episode):
+            try:
+                return upstream, await self.render(upstream, body, messages, generation_prompt=True)
+            except _Unreachable as exc:  # nothing was sent: the next replica, as calls do
+                upstream.failed(self.pool.unhealthy_after)
+                unreachable = exc
+        if unreachable is None:
+            raise Unavailable("no healthy upstream", retry_after=5.0)
+        raise Unavailable(f"no upstream reachable: {unreachable}", retry_after=2.0)
+
+    async def render(
+        self, upstream: Upstream, body: dict[str, Any], messages: list[Any], *, generation_prompt: bool
+    ) -> list[int]:
+        """Token ids of `messages` as the chat route would render them."""
+        request: dict[str, Any] = {"messages": messages, "add_generation_prompt": generation_prompt}
+        request.update({name: body[name] for name in _RENDER_FIELDS if body.get(name) is not None})
+        try:
+            async with self.pool.session.post(
+                upstream.url + "/tokenize", data=_encoder.encode(request),
+                headers={"content-type": "application/json"}, timeout=self.timeout,
+            ) as response:  # fmt: skip
+                raw = await response.read()
+                status = response.status
+        except _NOT_REACHED as exc:
+            raise _Unreachable(f"upstream {upstream.url} unreachable: {type(exc).__name__}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Unavailable(f"upstream {upstream.url} can't render: {type(exc).__name__}") from exc
+        return _tokens(status, raw)
+
+    async def terminator(self, upstream: Upstream) -> list[int]:
+        """What the template writes after each turn's text (learned once per replica)."""
+        known = self._terminators.get(upstream.url)
+        if known is None:
+            asked = await self.render(upstream, {}, list(_PROBE), generation_prompt=False)
+            answered = await self.render(upstream, {}, list(_PROBE_ANSWERED), generation_prompt=False)
+            known = self._terminators[upstream.url] = answered[len(answered) - _suffix_len(asked, answered) :]
+        return known
+
+
+class _Unreachable(Unavailable):
+    """The replica could not be connected to (the render never reached it)."""
+
+
+def _tokens(status: int, raw: bytes) -> list[int]:
+    try:
+        data = _decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise BadGateway("the upstream answered an unreadable render") from exc
+    if status != 200:
+        error = data.get("error") if isinstance(data, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        raise error_for_status(status, str(message or "the upstream could not render the request"))
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    if not isinstance(tokens, list):
+        raise BadGateway("the upstream answered a render without tokens")
+    return tokens
+
+
+def splice(
+    context: list[int], history: list[int], full: list[int], terminator: list[int]
+) -> list[int] | None:
+    """Parent context + bridge + the new turns of `full`; None when the renders don't line up.
+
+    `history` renders the conversation up to the parent's answer, `full` the whole request: the
+    new turns start after as many terminators in `full` as `history` has.
+    """
+    if not context or not terminator or history[-len(terminator) :] != terminator:
+        return None
+    start = _after_nth(full, terminator, _count(history, terminator))
+    if start is None or start >= len(full):
+        return None
+    bridge = terminator[1:] if context[-1] == terminator[0] else terminator
+    return [*context, *bridge, *full[start:]]
+
+
+def _count(ids: list[int], pattern: list[int]) -> int:
+    count, at = 0, _find(ids, pattern, 0)
+    while at is not None:
+        count += 1
+        at = _find(ids, pattern, at + len(pattern))
+    return count
+
+
+def _after_nth(ids: list[int], pattern: list[int], n: int) -> int | None:
+    """The index just after the `n`-th (non-overlapping) occurrence of `pattern` (0: the start)."""
+    end = 0
+    for _ in range(n):
+        at = _find(ids, pattern, end)
+        if at is None:
+            return None
+        end = at + len(pattern)
+    return end
+
+
+def _find(ids: list[int], pattern: list[int], start: int) -> int | None:
+    first, size = pattern[0], len(pattern)
+    for at in range(start, len(ids) - size + 1):
+        if ids[at] == first and ids[at : at + size] == pattern:
+            return at
+    return None
+
+
+def _suffix_len(left: list[int], right: list[int]) -> int:
+    size = 0
+    while size < min(len(left), len(right)) and left[-1 - size] == right[-1 - size]:
+        size += 1
+    return size
+
+
+def _answered_turns(messages: list[Any]) -> int:
+    """How many leading messages end with the last assistant turn (0: none was sampled)."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            return index + 1
+    return 0
+
+
+def _plain_only(body: dict[str, Any]) -> bool:
+    """Requests token-in can't reproduce: vLLM's chat route shapes their output itself."""
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):  # vLLM constrains these to the JSON
+        return True
+    if body.get("continue_final_message") or body.get("add_generation_prompt") is False:
+        return True
+    return any(_has_media(message) for message in body["messages"])
+
+
+def _has_media(message: Any) -> bool:
+    content = message.get("content") if isinstance(message, dict) else None
+    return isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") not in (None, "text") for part in content
+    )
+
+
+def _parses_tools(body: dict[str, Any]) -> bool:
+    """Whether vLLM's chat route would parse tool calls (tools given, tool choice not `none`)."""
+    return bool(body.get("tools")) and body.get("tool_choice", "auto") != "none"
+
+
+def completions_body(body: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
+    """The chat request as a completions request of token ids (sampling parameters kept)."""
+    out = {name: value for name, value in body.items() if name not in _CHAT_ONLY}
+    out["prompt"] = prompt
+    # None lets vLLM fill the context window, as its chat route does (completions default to 16).
+    out["max_tokens"] = body.get("max_completion_tokens") or body.get("max_tokens")
+    top = body.get("top_logprobs")
+    out["logprobs"] = top if body.get("logprobs") and isinstance(top, int) else 0
+    out["return_token_ids"] = True
+    if body.get("stream"):
+        out["stream_options"] = {"include_usage": True}
+    return out
+
+
+class TokenInApi(Api):
+    """A chat-shaped call sampled through `/v1/completions`: answers converted back to chat.
+
+    One per call (a stream's tool-call parsing is stateful); `inner` (the call's own api) then
+    captures the chat answer and shapes it for the client, exactly as in plain mode.
+    """
+
+    upstream_path = "/v1/completions"
+
+    def __init__(self, inner: Api, call: TokenInCall, *, parse_tools: bool, top_logprobs: int) -> None:
+        self.inner = inner
+        self.call = call
+        self.parse_tools = parse_tools
+        self.top_logprobs = top_logprobs
+        self._choices: dict[int, _ChoiceStream] = {}
+
+    def capture_body(self, body: dict[str, Any], asked: Asked, capture: Capture) -> dict[str, Any]:
+        """The completions answer as chat, captured and shaped by the call's own api."""
+        return self.inner.capture_body(self._answer(body), asked, capture)
+
+    def capture_event(self, event: str | None, data: dict[str, Any], asked: Asked, capture: Capture) -> bool:
+        """A completions chunk turned (in place) into a chat chunk, then handled as one."""
+        if "choices" in data or "usage" in data:
+            chunk = self._chunk(data)
+            data.clear()
+            data.update(chunk)
+        return self.inner.capture_event(event, data, asked, capture)
+
+    def is_final(self, event: str | None, data: bytes) -> bool:
+        """As the call's own api."""
+        return self.inner.is_final(event, data)
+
+    def upstream_error(self, status: int, raw: bytes) -> bytes:
+        """As the call's own api (vLLM's completions errors are chat's envelope)."""
+        return self.inner.upstream_error(status, raw)
+
+    def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        choices = [c for c in body.get("choices") or [] if isinstance(c, dict)]
+        out = []
+        for choice in choices:
+            text = str(choice.get("text") or "")
+            content, calls = parse(text) if self.parse_tools else (text, [])
+            message = {"role": "assistant", "content": content, "tool_calls": calls}
+            if choice.get("index", 0) == 0:
+                self.call.answer = message
+            out.append({
+                "index": choice.get("index", 0),
+                "message": message,
+                "logprobs": chat_logprobs(choice.get("logprobs"), self.top_logprobs),
+                "finish_reason": "tool_calls" if calls else choice.get("finish_reason"),
+                "token_ids": choice.get("token_ids"),
+            })  # fmt: skip
+        return {
+            "id": _chat_id(body.get("id")),
+            "object": "chat.completion",
+            "created": body.get("created") or int(time.time()),
+            "model": body.get("model"),
+            "choices": out,
+            "usage": body.get("usage"),
+            "prompt_token_ids": choices[0].get("prompt_token_ids") if choices else None,
+        }
+
+    def _chunk(self, data: dict[str, Any]) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": _chat_id(data.get("id")),
+            "object": "chat.completion.chunk",
+            "created": data.get("created") or int(time.time()),
+            "model": data.get("model"),
+            "choices": [],
+        }
+        for choice in data.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("prompt_token_ids") is not None and "prompt_token_ids" not in chunk:
+                chunk["prompt_token_ids"] = choice["prompt_token_ids"]
+            chunk["choices"].append(self._delta(choice))
+        if data.get("usage") is not None:
+            chunk["usage"] = data["usage"]
+        return chunk
+
+    def _delta(self, choice: dict[str, Any]) -> dict[str, Any]:
+        index = choice.get("index", 0) if isinstance(choice.get("index"), int) else 0
+        state = self._choices.get(index)
+        delta: dict[str, Any] = {}
+        if state is None:
+            state = self._choices[index] = _ChoiceStream(self.parse_tools)
+            delta["role"] = "assistant"
+        finish = choice.get("finish_reason")
+        content, calls = state.feed(str(choice.get("text") or ""), done=finish is not None)
+        if content or "role" in delta:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        if finish is not None:
+            finish = "tool_calls" if state.calls else finish
+            if index == 0:
+                self.call.answer = state.message()
+        return {
+            "index": index,
+            "delta": delta,
+            "logprobs": chat_logprobs(choice.get("logprobs"), self.top_logprobs),
+            "finish_reason": finish,
+            "token_ids": choice.get("token_ids"),
+        }
+
+
+class _ChoiceStream:
+    """One streamed choice: content released so far and its tool calls."""
+
+    __slots__ = ("calls", "content", "parser")
+
+    def __init__(self, parse_tools: bool) -> None:
+        self.parser = ToolCallStream() if parse_tools else None
+        self.content: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+
+    def feed(self, text: str, *, done: bool) -> tuple[str, list[dict[str, Any]]]:
+        """Content and whole tool calls (chat stream deltas, with `index`) released by `text`."""
+        calls: list[dict[str, Any]] = []
+        if self.parser is None:
+            content = text
+        else:
+            content, calls = self.parser.feed(text)
+            if done:
+                rest, more = self.parser.finish()
+                content, calls = content + rest, calls + more
+        self.content.append(content)
+        self.calls.extend(calls)
+        return content, calls
+
+    def message(self) -> dict[str, Any]:
+        """The whole answer as a chat message (what the client will send back)."""
+        calls = [{k: v for k, v in call.items() if k != "index"} for call in self.calls]
+        return {"role": "assistant", "content": "".join(self.content) or None, "tool_calls": calls}
+
+
+def chat_logprobs(logprobs: Any, top_logprobs: int) -> dict[str, Any] | None:
+    """A completions `logprobs` object (`tokens`, `token_logprobs`) as chat's `{"content": [...]}`.
+
+    Completions' `top_logprobs` hold the sampled token besides the top ones: chat keeps the top ones.
+    """
+    if not isinstance(logprobs, dict):
+        return None
+    tokens = logprobs.get("tokens") or []
+    values = logprobs.get("token_logprobs") or []
+    tops = logprobs.get("top_logprobs") or []
+    content = []
+    for at, (token, value) in enumerate(zip(tokens, values, strict=False)):
+        top = tops[at] if at < len(tops) and isinstance(tops[at], dict) else {}
+        content.append({
+            "token": token,
+            "logprob": value,
+            "bytes": list(str(token).encode()),
+            "top_logprobs": [
+                {"token": t, "logprob": v, "bytes": list(t.encode())}
+                for t, v in sorted(top.items(), key=lambda item: -item[1])[:top_logprobs]
+            ],
+        })  # fmt: skip
+    return {"content": content}
+
+
+def _chat_id(completion_id: Any) -> str:
+    text = str(completion_id or "")
+    return "chatcmpl-" + text.removeprefix("cmpl-")
+
+
+class _TokenInChat(TokenInApi):
+    kind: ClassVar[ApiKind] = "chat"
+    path = "/v1/chat/completions"
+
+
+class _TokenInResponses(TokenInApi):
+    kind: ClassVar[ApiKind] = "responses"
+    path = "/v1/responses"
+
+
+class _TokenInMessages(TokenInApi):
+    kind: ClassVar[ApiKind] = "messages"
+    dialect: ClassVar[Dialect] = "anthropic"
+    path = "/v1/messages"
+
+
+_WRAPPERS: dict[ApiKind, type[TokenInApi]] = {
+    "chat": _TokenInChat,
+    "responses": _TokenInResponses,
+    "messages": _TokenInMessages,
+}
