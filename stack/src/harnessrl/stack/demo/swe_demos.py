@@ -45,11 +45,18 @@ agent:
     Submit with `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`.
   step_limit: STEP_LIMIT
 environment:
-  env:
-    COLUMNS: "150"
-    PYTEST_DISABLE_PLUGIN_AUTOLOAD: "1"
-    PYTHONDONTWRITEBYTECODE: "1"
+  env: AGENT_ENV
 """
+# The environment of the agent's commands. pytest prints whole assertion messages in its "CI mode"
+# (any non-empty CI or BUILD_NUMBER), so the failing line would differ from the demonstrations'
+# when the demo runs under CI: both are set empty.
+AGENT_ENV = {
+    "COLUMNS": "150",
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "CI": "",
+    "BUILD_NUMBER": "",
+}
 STEP_LIMIT = 3
 MAX_TOKENS = 192
 Demo = dict[str, Any]
@@ -58,7 +65,7 @@ Demo = dict[str, Any]
 def write_config(path: Path, step_limit: int = STEP_LIMIT) -> Path:
     """The demo's mini-swe-agent configuration file (applied on top of its own `mini.yaml`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(CONFIG.replace("STEP_LIMIT", str(step_limit)))
+    path.write_text(CONFIG.replace("STEP_LIMIT", str(step_limit)).replace("AGENT_ENV", json.dumps(AGENT_ENV)))
     return path
 
 

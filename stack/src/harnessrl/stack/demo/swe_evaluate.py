@@ -33,10 +33,9 @@ from harnessrl.reward.swe.sandbox import available_limits
 from harnessrl.shared.contracts import TaskSpec
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.keys import sign_episode_key
-from harnessrl.stack.demo.swe_demos import MAX_TOKENS, STEP_LIMIT, Demo, checkout
+from harnessrl.stack.demo.swe_demos import AGENT_ENV, MAX_TOKENS, STEP_LIMIT, Demo, checkout
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-ENV = {"COLUMNS": "150", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def observation(returncode: int, output: str) -> str:
@@ -46,7 +45,7 @@ def observation(returncode: int, output: str) -> str:
 
 def run_command(command: str, work: Path) -> tuple[int, str]:
     """Run one bash command as mini's local environment does (stderr folded into stdout)."""
-    env = {**os.environ, **ENV, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    env = {**os.environ, **AGENT_ENV, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     try:
         done = subprocess.run(
             ["bash", "-c", command], cwd=work, env=env, text=True, timeout=30,
