@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Counter
 
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.memory import MemoryBus
 from harnessrl.shared.contracts import ServiceMetrics
-from harnessrl.shared.metrics_export import SummaryPublisher
+from harnessrl.shared.metrics_export import LAST_SUMMARY_BUDGET_S, SummaryPublisher
 
 
 async def _summaries(bus: MemoryBus) -> list[ServiceMetrics]:
@@ -38,4 +40,15 @@ async def test_summaries_switched_off_publish_nothing_on_stop() -> None:
     publisher = SummaryPublisher(bus, CollectorRegistry(), service="reward", interval_s=0)
     await publisher.start()
     await publisher.stop()
+    assert await _summaries(bus) == []
+
+
+async def test_a_service_whose_bus_is_gone_stops_without_waiting_for_it() -> None:
+    bus = MemoryBus()
+    await bus.connect()
+    await bus.ensure_streams()
+    publisher = SummaryPublisher(bus, CollectorRegistry(), service="gateway", interval_s=3600)
+    await publisher.start()
+    await bus.close()  # its NATS went first (the whole stack is stopping)
+    await asyncio.wait_for(publisher.stop(), LAST_SUMMARY_BUDGET_S)
     assert await _summaries(bus) == []

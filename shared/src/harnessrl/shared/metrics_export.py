@@ -44,6 +44,8 @@ _REQUEST_TIMEOUT_S = 10.0
 _SKIPPED_SAMPLES = ("_bucket", "_created")
 # Seconds between two refreshes of the consumer-lag gauges.
 LAG_REFRESH_S = 5.0
+# The last summary, published as a service stops, is given this long at most.
+LAST_SUMMARY_BUDGET_S = 2.0
 # The text format every Prometheus reads (what `generate_latest` writes; the gateway serves it too).
 _CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
@@ -150,9 +152,10 @@ def _http(status: int, reason: bytes, content_type: bytes, body: bytes) -> bytes
 class SummaryPublisher:
     """Publishes a `ServiceMetrics` summary of one registry every `interval_s` (0: never).
 
-    A last summary is published on `stop`, so a service that lives shorter than one interval (a
-    trainer whose steps were ready when it started) still reports its final figures. A summary that
-    cannot be published is logged and skipped: metrics never stop a service.
+    A last summary is published on `stop` while the bus is up, within `LAST_SUMMARY_BUDGET_S`, so a
+    service that lives shorter than one interval (a trainer whose steps were ready when it started)
+    still reports its final figures, and one stopping with its NATS gone isn't held up. A summary
+    that cannot be published is logged and skipped: metrics never stop a service.
     """
 
     def __init__(
@@ -175,10 +178,11 @@ class SummaryPublisher:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-            await self.publish()
+            if self._bus.connected:
+                await self.publish(budget_s=LAST_SUMMARY_BUDGET_S)
 
-    async def publish(self) -> ServiceMetrics:
-        """Publish one summary now."""
+    async def publish(self, budget_s: float | None = None) -> ServiceMetrics:
+        """Publish one summary now, retrying for `budget_s` (default: one interval, at least 1 s)."""
         self._sent += 1
         summary = ServiceMetrics(
             service=self.service, instance=self.instance, run=self.run, values=sample_values(self._registry)
@@ -188,7 +192,7 @@ class SummaryPublisher:
                 subjects.service_metrics(self.service),
                 summary,
                 msg_id=f"{self.service}:{self.instance}:{self._sent}",
-                budget_s=max(self.interval_s, 1.0),
+                budget_s=budget_s if budget_s is not None else max(self.interval_s, 1.0),
             )
         except BusError as exc:
             _log.warning("metrics.summary_failed", service=self.service, error=str(exc))
