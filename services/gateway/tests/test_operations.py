@@ -192,6 +192,9 @@ async def test_replicas_register_on_the_bus_and_by_admin(bus: Bus) -> None:
     finally:
         await first.stop()
         await second.stop()
+        # Withdrawn, so later gateways on this session's bus don't route to its port once reused.
+        withdrawal = UpstreamRegistration(url=first.url, active=False)
+        await bus.publish(subjects.upstreams(), withdrawal, msg_id=new_id("reg"))
     span = (await episode.spans(bus))[0]
     assert (span.upstream, span.weight_version_start) == (first.url, 2)
 

@@ -28,6 +28,7 @@ from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import EpisodeScheduled, Span
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.tokens import common_prefix_len, reconstruct_prompts, span_context
+from harnessrl.stack.natsserver import NatsServer
 from harnessrl.stack.vllm import VllmServer
 from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
 from harnessrl.testkit.model_fixtures import rewriting_model
@@ -36,6 +37,7 @@ __all__ = ["rewriting_model"]  # the fixture, used by `rewriting_vllm`
 
 THINK = {"regex": r"<think>[a-z]{2,6}</think>\n[a-z]{2,6}"}
 CALL = {"regex": r'<tool_call>\n\{"name":"get","arguments":\{"city":"[a-z]{2,5}"\}\}\n</tool_call>'}
+CALL_TIMEOUT = aiohttp.ClientTimeout(total=90)  # a hung call fails in 90 s, not aiohttp's 300
 TOOLS = [
     {
         "type": "function",
@@ -58,11 +60,27 @@ def rewriting_vllm(rewriting_model: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="module")
+async def module_bus(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[NatsBus]:
+    """This module's own nats-server: replicas registered by earlier tests are not in the ring.
+
+    (A stopped test replica's port can be taken by a listener that never answers HTTP, and every
+    call an episode's hash sends there would hang.)
+    """
+    server = NatsServer(tmp_path_factory.mktemp("nats-tokin"))
+    server.start()
+    client = NatsBus(server.url, publish_retry_s=15.0)
+    await client.connect()
+    await client.ensure_streams()
+    yield client
+    await client.close()
+    server.stop()
+
+
+@pytest.fixture(scope="module")
 async def gateways(
     rewriting_vllm: VllmServer, module_bus: NatsBus
 ) -> AsyncIterator[dict[str, RunningGateway]]:
     """Two token-in gateway replicas and a plain one, on one bus, in front of the same vLLM."""
-    # The served model is named: replicas registered on the bus by earlier tests may be in the ring.
     plain_settings = settings_for([rewriting_vllm.url], served_model=rewriting_vllm.model)
     token_in = msgspec.structs.replace(plain_settings, token_in=True)
     async with (
@@ -75,7 +93,10 @@ async def gateways(
 
 async def _post(url: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
     headers = {"authorization": f"Bearer {key}"}
-    async with aiohttp.ClientSession() as session, session.post(url, json=body, headers=headers) as response:
+    async with (
+        aiohttp.ClientSession(timeout=CALL_TIMEOUT) as session,
+        session.post(url, json=body, headers=headers) as response,
+    ):
         data = await response.json()
         assert response.status == 200, data
         return dict(data)
@@ -95,7 +116,7 @@ async def _stream_chat(
     body = {"model": "tiny", "messages": messages, "max_tokens": 80, "stream": True, **extra}
     chunks = []
     async with (
-        aiohttp.ClientSession() as session,
+        aiohttp.ClientSession(timeout=CALL_TIMEOUT) as session,
         session.post(
             gateway.url + "/v1/chat/completions",
             json=body,
@@ -400,7 +421,10 @@ async def _events(url: str, key: str, body: dict[str, Any]) -> list[dict[str, An
     """The JSON payloads of a streamed call's events."""
     headers = {"authorization": f"Bearer {key}"}
     events = []
-    async with aiohttp.ClientSession() as session, session.post(url, json=body, headers=headers) as response:
+    async with (
+        aiohttp.ClientSession(timeout=CALL_TIMEOUT) as session,
+        session.post(url, json=body, headers=headers) as response,
+    ):
         assert response.status == 200
         async for line in response.content:
             if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
