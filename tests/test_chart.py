@@ -34,13 +34,16 @@ import yaml
 
 from harnessrl.controller.launchers.kube_manifest import render_job
 from harnessrl.controller.settings import read_settings as controller_settings
+from harnessrl.gateway.reasoning_parse import REASONING_PARSERS
+from harnessrl.gateway.settings import GatewaySettings
 from harnessrl.gateway.settings import read_settings as gateway_settings
+from harnessrl.gateway.tool_parse import TOOL_PARSERS
 from harnessrl.reward.settings import read_settings as reward_settings
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.kube import grading_job
 from harnessrl.shared.contracts import LauncherSpec
 from harnessrl.shared.nats_permissions import PERMISSIONS, url_user
-from harnessrl.shared.net import free_port
+from harnessrl.shared.net import VLLM_TOOL_CALL_PARSER, free_port
 from harnessrl.stack.natsserver import NatsServer, nats_server_binary
 from harnessrl.testkit import crds
 from harnessrl.testkit.exits import launch_request
@@ -309,6 +312,32 @@ def test_vllm_replicas_are_addressed_one_by_one(rendered: dict[str, list[Doc]], 
     assert (
         container_env(service_pod(docs, "gateway")["containers"][0])["HRL_GATEWAY_SERVED_MODEL"] == "policy"
     )
+
+
+@pytest.mark.parametrize(("tool", "reasoning"), [("hermes", ""), ("qwen3_coder", "qwen3")])
+def test_vllm_and_the_gateway_parse_sampled_text_alike(tool: str, reasoning: str) -> None:
+    """One value sets vLLM's parsers and the gateway's token-in ones; the default is the project's."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["model"]["toolCallParser"] == VLLM_TOOL_CALL_PARSER == GatewaySettings().tool_parser
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["model"]["properties"]
+    assert set(schema["toolCallParser"]["enum"]) == {"", *TOOL_PARSERS}
+    assert set(schema["reasoningParser"]["enum"]) == {"", *REASONING_PARSERS}
+    docs = render(
+        *scenario("local-cpu"),
+        "--set",
+        f"model.toolCallParser={tool}",
+        "--set",
+        f"model.reasoningParser={reasoning}",
+    )
+    args = named(docs, "StatefulSet", f"{PREFIX}-vllm")["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = [a for a in args if "parser" in a or "auto-tool" in a]
+    assert flags == ["--enable-auto-tool-choice", f"--tool-call-parser={tool}"] + (
+        [f"--reasoning-parser={reasoning}"] if reasoning else []
+    )
+    env = container_env(service_pod(docs, "gateway")["containers"][0])
+    assert (env["HRL_GATEWAY_TOOL_PARSER"], env.get("HRL_GATEWAY_REASONING_PARSER", "")) == (tool, reasoning)
+    refused = template(*scenario("local-cpu"), "--set", "model.toolCallParser=pythonic")
+    assert refused.returncode != 0 and "toolCallParser" in refused.stderr
 
 
 def test_the_vllm_image_is_the_release_the_project_is_tested_with() -> None:

@@ -77,7 +77,7 @@ class Tap:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
-        if request.path == "/v1/chat/completions":
+        if request.path in ("/v1/chat/completions", "/v1/completions"):
             self.bodies.append(json.loads(raw))
         headers = {"content-type": request.headers.get("content-type", "application/json")}
         async with (
@@ -95,12 +95,14 @@ class Tap:
             return response
 
 
-async def replay(vllm: VllmServer, body: dict[str, Any]) -> dict[str, Any]:
-    """What vLLM answers to the same chat request, not streamed."""
+async def replay(
+    vllm: VllmServer, body: dict[str, Any], route: str = "/v1/chat/completions"
+) -> dict[str, Any]:
+    """What vLLM answers to the same request, not streamed."""
     payload = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
     async with (
         aiohttp.ClientSession() as session,
-        session.post(vllm.url + "/v1/chat/completions", json=payload) as response,
+        session.post(vllm.url + route, json=payload) as response,
     ):
         assert response.status == 200, await response.text()
         data: dict[str, Any] = await response.json()
@@ -129,22 +131,31 @@ async def run_claude(gateway_url: str, key: str, home: Path) -> tuple[int, bytes
     return process.returncode, out, err
 
 
-@pytest.fixture(scope="module")
-async def episode_run(
-    served: VllmServer, nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+async def claude_episode(
+    served: VllmServer, nats_server: NatsServer, home: Path, *, token_in: bool
 ) -> dict[str, Any]:
-    """One Claude Code episode through the gateway: its output, spans and the tapped requests."""
+    """One Claude Code episode through the gateway: its output, spans and the tapped requests.
+
+    The replies are vLLM's own answers to each tapped request: chat requests in plain mode,
+    completions of token ids in token-in mode (the gateway then parses reasoning and tool calls
+    with the server's parsers, `qwen3` and `hermes`).
+    """
     episode, tap, bus = KeyedEpisode(), Tap(served.url), NatsBus(nats_server.url, publish_retry_s=15.0)
     await bus.connect()
     await bus.ensure_streams()
     await tap.start()
+    route = "/v1/completions" if token_in else "/v1/chat/completions"
     try:
-        settings = settings_for([tap.url], served_model=served.model, sampling=SAMPLING)
+        settings = settings_for(
+            [tap.url],
+            served_model=served.model,
+            sampling=SAMPLING,
+            token_in=token_in,
+            reasoning_parser="qwen3",
+        )
         async with serve_gateway(settings, bus) as gateway:
-            code, out, err = await run_claude(
-                gateway.url, episode.key, tmp_path_factory.mktemp("claude-home")
-            )
-        replies = [await replay(served, body) for body in tap.bodies]
+            code, out, err = await run_claude(gateway.url, episode.key, home)
+        replies = [await replay(served, body, route) for body in tap.bodies]
         spans = await episode.spans(bus)
     finally:
         await tap.stop()
@@ -158,6 +169,22 @@ async def episode_run(
     assert code == 0 and lines, (code, out[-2000:], err[-2000:])
     return {"result": lines[-1], "messages": client_messages(out), "spans": spans,
             "bodies": tap.bodies, "replies": replies, "episode": episode}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+async def episode_run(
+    served: VllmServer, nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """A plain-mode episode: each call's chat request replayed on vLLM's own chat route."""
+    return await claude_episode(served, nats_server, tmp_path_factory.mktemp("claude-home"), token_in=False)
+
+
+@pytest.fixture(scope="module")
+async def token_in_run(
+    served: VllmServer, nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """A token-in episode (the gateway's default)."""
+    return await claude_episode(served, nats_server, tmp_path_factory.mktemp("claude-home"), token_in=True)
 
 
 def _reply_message(reply: dict[str, Any]) -> dict[str, Any]:
@@ -225,3 +252,33 @@ async def test_tool_turns_carry_loss(episode_run: dict[str, Any]) -> None:
     )
     assert tool_tokens > 0 and sum(row.trained_tokens for row in rows) == report.trained_tokens
     assert {row.temperature for row in rows} == {SAMPLING["temperature"]}
+
+
+async def test_token_in_episode_is_one_row_of_vllm_sampled_ids(token_in_run: dict[str, Any]) -> None:
+    """Token-in (the default): each call extends the last, the episode trains as one row, every id
+    and logprob is vLLM's own for the tapped token prompt, and Claude Code got the thinking and
+    tool calls the gateway parsed out of the sampled text."""
+    result, spans, bodies = token_in_run["result"], token_in_run["spans"], token_in_run["bodies"]
+    assert (result["subtype"], result["is_error"]) == ("success", False), result
+    assert len(spans) == len(bodies) == len(token_in_run["messages"]) >= 2, (len(spans), len(bodies))
+    assert [s.token_in for s in spans] == ["fresh"] + ["extended"] * (len(spans) - 1)
+    prompts = reconstruct_prompts(spans)
+    for span, body, reply in zip(spans, bodies, token_in_run["replies"], strict=True):
+        completion, choice = span.completions[0], reply["choices"][0]
+        assert prompts[span.span_id] == body["prompt"] and body["skip_special_tokens"] is False
+        assert completion.token_ids == choice["token_ids"]
+        assert completion.logprobs == pytest.approx(
+            choice["logprobs"]["token_logprobs"], abs=LOGPROB_TOLERANCE
+        )
+    rows, report = build_rows(token_in_run["episode"].episode, spans)
+    assert len(rows) == 1 and report.untrained_tokens == 0, report
+    for message, reply in zip(token_in_run["messages"], token_in_run["replies"], strict=True):
+        text, blocks = reply["choices"][0]["text"], message["content"]
+        thinking = [b["thinking"] for b in blocks if b["type"] == "thinking"]
+        assert thinking == (
+            [text.split("</think>")[0].removeprefix("<think>").strip()] if "</think>" in text else []
+        )
+        names = [json.loads(call.split("</tool_call>")[0])["name"] for call in text.split("<tool_call>")[1:]]
+        assert [b["name"] for b in blocks if b["type"] == "tool_use"] == names, (blocks, text)
+    kinds = [[b["type"] for b in message["content"]] for message in token_in_run["messages"]]
+    assert kinds[0] == ["tool_use"] and ["thinking", "text"] in kinds, kinds

@@ -21,7 +21,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from harnessrl.gateway.token_in import splice
+from harnessrl.gateway.token_in import completions_body, splice
 from harnessrl.gateway.tool_parse import ToolCallStream, parse
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
@@ -30,6 +30,7 @@ from harnessrl.shared.ids import new_id
 from harnessrl.shared.tokens import common_prefix_len, reconstruct_prompts, span_context
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.stack.vllm import VllmServer
+from harnessrl.testkit.canned_upstream import CannedUpstream
 from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
 from harnessrl.testkit.model_fixtures import rewriting_model
 
@@ -81,8 +82,9 @@ async def gateways(
     rewriting_vllm: VllmServer, module_bus: NatsBus
 ) -> AsyncIterator[dict[str, RunningGateway]]:
     """Two token-in gateway replicas and a plain one, on one bus, in front of the same vLLM."""
-    plain_settings = settings_for([rewriting_vllm.url], served_model=rewriting_vllm.model)
-    token_in = msgspec.structs.replace(plain_settings, token_in=True)
+    token_in = settings_for([rewriting_vllm.url], served_model=rewriting_vllm.model)
+    assert token_in.token_in, "token-in is the gateway's default"
+    plain_settings = msgspec.structs.replace(token_in, token_in=False)
     async with (
         serve_gateway(token_in, module_bus) as first,
         serve_gateway(token_in, module_bus) as second,
@@ -343,7 +345,7 @@ async def test_rewritten_history_branches(gateways: dict[str, RunningGateway], m
     assert [span.token_in for span in spans] == ["fresh", "branched"]
     assert _extends(spans) == [False]
     metrics = gateways["first"].gateway.metrics.render().decode()
-    assert 'harnessrl_gateway_token_in_calls_total{case="branched"}' in metrics
+    assert 'harnessrl_gateway_token_in_calls_total{case="branched",reason=""}' in metrics
 
 
 async def test_a_first_call_with_few_shot_turns_is_fresh(
@@ -372,6 +374,24 @@ ANTHROPIC_TOOLS = [
     {"name": "get", "description": "weather", "input_schema": TOOLS[0]["function"]["parameters"]}
 ]
 RESPONSES_TOOLS = [{"type": "function", "name": "get", "parameters": TOOLS[0]["function"]["parameters"]}]
+
+
+async def test_a_replica_without_tokenize_gets_plain_calls_counted(module_bus: NatsBus) -> None:
+    """An OpenAI-compatible server that isn't vLLM: token-in falls back to plain, asked once."""
+    upstream = CannedUpstream()
+    await upstream.start()
+    episode = KeyedEpisode()
+    try:
+        async with serve_gateway(settings_for([upstream.url]), module_bus) as gateway:
+            for _ in range(3):
+                await _chat(gateway, episode, [{"role": "user", "content": "hi"}])
+            metrics = gateway.gateway.metrics.render().decode()
+    finally:
+        await upstream.stop()
+    assert [span.token_in for span in await episode.spans(module_bus)] == [None] * 3
+    assert [body.get("messages") is not None for body in upstream.bodies] == [True] * 3
+    assert upstream.renders_asked == 1
+    assert 'harnessrl_gateway_token_in_calls_total{case="plain",reason="no_render"} 3.0' in metrics
 
 
 async def test_messages_calls_extend_through_thinking_and_tool_use(
@@ -468,6 +488,23 @@ async def test_streamed_messages_and_responses_carry_the_parsed_tool_call(
 
 
 # --- pure parts ---------------------------------------------------------------------------------
+
+
+def test_an_answer_without_a_client_limit_may_fill_the_window_as_on_the_chat_route() -> None:
+    """vLLM's completions stop at 16 tokens by default; its chat route fills the context window."""
+    chat = {"messages": [], "temperature": 0.5, "logprobs": True, "top_logprobs": 2, "stream": True}
+    sent = completions_body(chat, [1, 2, 3], 100)
+    assert (sent["max_tokens"], sent["prompt"], sent["temperature"], sent["logprobs"]) == (
+        97,
+        [1, 2, 3],
+        0.5,
+        2,
+    )
+    assert "messages" not in sent and sent["stream_options"] == {"include_usage": True}
+    assert completions_body({**chat, "max_tokens": 8}, [1, 2, 3], 100)["max_tokens"] == 8
+    assert completions_body({**chat, "max_completion_tokens": 9}, [1], 100)["max_tokens"] == 9
+    assert completions_body(chat, [1] * 100, 100)["max_tokens"] == 1  # vLLM then refuses the prompt
+    assert completions_body(chat, [1], None)["max_tokens"] is None
 
 
 def test_splice_bridges_a_completion_that_did_not_end_its_turn() -> None:

@@ -12,6 +12,9 @@ NATS_PORT = 4222
 DEFAULT_NATS_URL = f"nats://127.0.0.1:{NATS_PORT}"
 # vLLM (uvicorn) closes an idle keep-alive connection after 5 s; its clients reuse one for less.
 VLLM_CLIENT_KEEPALIVE_S = 4.0
+# vLLM's `--tool-call-parser` unless told otherwise (Qwen/Hermes models); the gateway's token-in
+# mode parses sampled text with the same one (its `tool_parser` setting).
+VLLM_TOOL_CALL_PARSER = "hermes"
 
 
 def free_port() -> int:

@@ -48,7 +48,7 @@ from pathlib import Path
 from types import TracebackType
 
 from harnessrl.shared.log import get_logger
-from harnessrl.shared.net import free_port
+from harnessrl.shared.net import VLLM_TOOL_CALL_PARSER, free_port
 from harnessrl.shared.process import signal_group
 from harnessrl.stack.spawn import spawn
 
@@ -114,7 +114,7 @@ class VllmServer:
             "--model", str(self.model_dir), "--served-model-name", self.model,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--enforce-eager", "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            "--enable-auto-tool-choice", "--tool-call-parser", VLLM_TOOL_CALL_PARSER,
             *SAMPLING_ARGS,
             *self.extra_args,
         ]  # fmt: skip

@@ -132,7 +132,8 @@ class CannedUpstream:
         self.fixed = fixed
         self.host = host
         self.port = port
-        self.requests = 0
+        self.requests = 0  # calls answered (`/tokenize`, which it lacks, is counted in renders_asked)
+        self.renders_asked = 0
         self.aborted = 0
         self.active = 0
         self.max_active = 0
@@ -162,6 +163,9 @@ class CannedUpstream:
 
     def answer(self, method: str, path: str, body: bytes) -> bytes | list[bytes]:  # noqa: PLR0911
         """A whole HTTP response, or the frames of a chunked SSE response."""
+        if path == "/tokenize":  # not vLLM: the gateway's token-in mode falls back to plain calls
+            self.renders_asked += 1
+            return _http(404, _error_body(path, "Not Found"))
         self.requests += 1
         if method == "GET":
             if path == "/health":
@@ -171,7 +175,7 @@ class CannedUpstream:
             return self._fixed_reply
         try:
             request = _decode.decode(body)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # vLLM answers 400 to a too deeply nested body too
             return _http(400, _error_body(path, "bad json"))
         if not isinstance(request, dict):
             return _http(400, _error_body(path, "the body must be a JSON object"))

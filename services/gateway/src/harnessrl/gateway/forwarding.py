@@ -25,7 +25,7 @@ log = get_logger(__name__)
 
 _encoder = msgspec.json.Encoder()
 _FORWARDED_HEADERS = (b"anthropic-version", b"anthropic-beta")
-_NOT_REACHED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+NOT_REACHED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -64,14 +64,14 @@ class Forwarder:
                     headers=headers,
                     timeout=self.timeout,
                 )
-            except _NOT_REACHED as exc:
+            except NOT_REACHED as exc:
                 self._failed(upstream)
                 self.metrics.upstream_retries.inc()
                 unreachable = exc
                 continue
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self._failed(upstream)
-                raise _transport_error(upstream, exc) from exc
+                raise transport_error(upstream, exc) from exc
             except BaseException:
                 upstream.in_flight -= 1
                 upstream.slots.release()
@@ -109,7 +109,7 @@ class Forwarder:
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.abort(upstream, response)
             upstream.failed(self.pool.unhealthy_after)
-            raise _transport_error(upstream, exc) from exc
+            raise transport_error(upstream, exc) from exc
         except BaseException:
             self.abort(upstream, response)
             raise
@@ -127,11 +127,11 @@ class Forwarder:
                     headers=_upstream_headers(scope), timeout=self.timeout,
                 ) as response:  # fmt: skip
                     raw = await response.read()
-            except _NOT_REACHED:
+            except NOT_REACHED:
                 upstream.failed(self.pool.unhealthy_after)
                 continue
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise _transport_error(upstream, exc) from exc
+                raise transport_error(upstream, exc) from exc
             await respond(send, response.status, raw, _content_type(response))
             return response.status
         raise Unavailable("no healthy upstream", retry_after=5.0)
@@ -155,7 +155,7 @@ def _content_type(response: aiohttp.ClientResponse) -> Headers:
     return [(b"content-type", response.headers.get("content-type", "application/json").encode())]
 
 
-def _transport_error(upstream: Upstream, exc: Exception) -> Exception:
+def transport_error(upstream: Upstream, exc: Exception) -> Exception:
     """504 for a timeout, 502 for any other transport failure."""
     if isinstance(exc, TimeoutError):
         return GatewayTimeout(f"upstream {upstream.url} timed out", retry_after=5.0)

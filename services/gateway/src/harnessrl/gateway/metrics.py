@@ -69,8 +69,9 @@ class GatewayMetrics:
             "harnessrl_gateway_token_in_calls",
             "Calls of token-in runs, by how their prompt was built: extended (the sampled history "
             "spliced), fresh (nothing sampled before), branched (the client rewrote history), plain "
-            "(a call token-in can't reproduce, sent as plain chat).",
-            ["case"],
+            "(sent as plain chat; reason: request = a forced tool choice, media or "
+            "continue_final_message, api = not chat-shaped, no_render = the replica has no /tokenize).",
+            ["case", "reason"],
             registry=self.registry,
         )
         self.upstream_retries = Counter(

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from harnessrl.shared.net import DEFAULT_NATS_URL, VLLM_CLIENT_KEEPALIVE_S
+from harnessrl.shared.net import DEFAULT_NATS_URL, VLLM_CLIENT_KEEPALIVE_S, VLLM_TOOL_CALL_PARSER
 from harnessrl.shared.settings import SettingsError, load_settings
 
 ENV_PREFIX = "HRL_GATEWAY_"
@@ -30,9 +30,16 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     # Sampling parameters forced on every LLM call; a run's own (`sampling` in its spec) win over them.
     sampling: dict[str, Any] = msgspec.field(default_factory=dict)
     # Token-in mode for episodes whose run doesn't say (RunSpec `token_in`): chat, Messages and
-    # Responses calls are sent as the episode's exact token history (README "Token-in mode").
-    # Off until measured better than re-rendering.
-    token_in: bool = False
+    # Responses calls are sent as the episode's exact token history (README "Token-in mode"). On:
+    # `make bench-merge` measured one training row per rollout for 100% of episodes (38% plain).
+    token_in: bool = True
+    # --- token-in answer parsing (tool_parse, reasoning_parse) ---
+    # How token-in mode reads tool calls and reasoning out of sampled text: vLLM's own parser names,
+    # which must be what the replicas run with (`--tool-call-parser`, `--reasoning-parser`) so both
+    # modes answer alike. Empty `reasoning_parser`: no reasoning split, as vLLM without the flag.
+    tool_parser: str = VLLM_TOOL_CALL_PARSER
+    reasoning_parser: str = ""
+    # --- end token-in answer parsing ---
     # Bigger request bodies get 413 (agents send long contexts; 16 MiB is far above any window).
     max_body_bytes: int = 16 * 1024 * 1024
     max_artifact_bytes: int = 16 * 1024 * 1024
@@ -75,9 +82,23 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError(f"shutdown_grace_s must be >= 0, not {self.shutdown_grace_s}")
         if self.metrics_interval_s < 0:
             raise SettingsError(f"metrics_interval_s must be >= 0, not {self.metrics_interval_s}")
+        self._check_parsers()
         for name in ("max_body_bytes", "max_in_flight_per_upstream", "unhealthy_after_failures"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, not {getattr(self, name)}")
+
+    def _check_parsers(self) -> None:
+        """The parser names against the gateway's registries (imported here: the module stays a leaf)."""
+        from harnessrl.gateway.reasoning_parse import REASONING_PARSERS
+        from harnessrl.gateway.tool_parse import TOOL_PARSERS
+
+        if self.tool_parser not in TOOL_PARSERS:
+            known = sorted(TOOL_PARSERS)
+            raise SettingsError(f"tool_parser must be one of {known}, not {self.tool_parser!r}")
+        if self.reasoning_parser and self.reasoning_parser not in REASONING_PARSERS:
+            known = sorted(REASONING_PARSERS)
+            given = self.reasoning_parser
+            raise SettingsError(f"reasoning_parser must be empty or one of {known}, not {given!r}")
 
     @property
     def secret(self) -> bytes:

@@ -17,14 +17,16 @@ is planned here instead:
    after the end-of-turn token, or the whole terminator if the completion stopped otherwise) +
    the new turns' ids. Sent as token ids to vLLM's `/v1/completions`, with `return_token_ids`.
 4. The completions answer (or each stream chunk) is turned into the chat answer vLLM would give
-   (`tool_parse`: the `hermes` format), then into Messages or Responses as for any chat call.
+   (`tool_parse.answer`: the `tool_parser` and `reasoning_parser` settings, vLLM's parser names),
+   then into Messages or Responses as for any chat call.
 
-Cases (`Span.token_in`, counted in `harnessrl_gateway_token_in_calls{case}`): `extended` (the
+Cases (`Span.token_in`, counted in `harnessrl_gateway_token_in_calls{case,reason}`): `extended` (the
 whole sampled history spliced), `fresh` (the episode's first call, or no assistant turn in the
 request), `branched` (the request has assistant turns no stored answer proves: the prompt is
 spliced from the deepest parent that is proven, else the plain render). Calls token-in can't
-reproduce (a forced tool choice, non-text content, `continue_final_message`) go the plain chat
-way, counted as `plain`.
+reproduce go the plain chat way, counted as `plain` with the reason: `request` (a forced tool
+choice, non-text content, `continue_final_message`), `api` (not chat-shaped: `/v1/completions`),
+`no_render` (the replica has no `/tokenize`: an OpenAI-compatible server that isn't vLLM).
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ from harnessrl.gateway.conversation import TokenInCall, prefix_digests
 from harnessrl.gateway.dialects import Api
 from harnessrl.gateway.episode_spans import EpisodeSpans
 from harnessrl.gateway.errors import BadGateway, Dialect, Unavailable, error_for_status
+from harnessrl.gateway.forwarding import NOT_REACHED, transport_error
 from harnessrl.gateway.recorder import CallRecord
 from harnessrl.gateway.service import Gateway
-from harnessrl.gateway.tool_parse import ToolCallStream, parse
+from harnessrl.gateway.tool_parse.answer import Answer, AnswerParser, AnswerStream
 from harnessrl.gateway.upstreams import Upstream
 from harnessrl.shared import subjects
 from harnessrl.shared.contracts import ApiKind, TokenInCase
@@ -66,7 +69,6 @@ _RENDER_FIELDS = ("tools", "chat_template", "chat_template_kwargs")
 # Two renders whose common end is the template's turn terminator (e.g. `<|im_end|>` `\n`).
 _PROBE = [{"role": "user", "content": "a"}]
 _PROBE_ANSWERED = [*_PROBE, {"role": "assistant", "content": "b"}]
-_NOT_REACHED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 class TokenIn:
@@ -86,17 +88,28 @@ class TokenIn:
     ) -> tuple[Api, dict[str, Any]]:
         """The api and body to send: token-in ones, or `api` and `body` as they are (plain)."""
         wrapper = _WRAPPERS.get(api.kind)
-        if wrapper is None or not isinstance(body.get("messages"), list) or _plain_only(body):
-            self.metrics.token_in.labels("plain").inc()
+        if wrapper is None or not isinstance(body.get("messages"), list):
+            self.metrics.token_in.labels("plain", "api").inc()
+            return api, body
+        if _plain_only(body):
+            self.metrics.token_in.labels("plain", "request").inc()
             return api, body
         messages: list[Any] = body["messages"]
         digests = prefix_digests(messages)
-        upstream, full = await self.renderer.render_anywhere(call.episode, body, messages)
+        try:
+            upstream, full = await self.renderer.render_anywhere(call.episode, body, messages)
+        except NoRender:
+            self.metrics.token_in.labels("plain", "no_render").inc()
+            return api, body
         case, prompt, parent = await self._prompt(call, spans, body, upstream, digests, full)
-        self.metrics.token_in.labels(case).inc()
+        self.metrics.token_in.labels(case, "").inc()
         call.token_in = TokenInCall(case, digests[-1] if digests else "", parent)
-        sent = completions_body(body, prompt)
-        shaped = wrapper(api, call.token_in, parse_tools=_parses_tools(body), top_logprobs=sent["logprobs"])
+        sent = completions_body(body, prompt, self.renderer.windows.get(upstream.url))
+        settings = self.gateway.settings
+        parser = AnswerParser.for_request(body, settings.tool_parser, settings.reasoning_parser)
+        if parser.tools is not None:  # as vLLM's chat route: tool markup may be special tokens
+            sent["skip_special_tokens"] = False
+        shaped = wrapper(api, call.token_in, parser=parser, top_logprobs=sent["logprobs"])
         return shaped, sent
 
     async def _prompt(
@@ -139,6 +152,8 @@ class Renderer:
             total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
         )
         self._terminators: dict[str, list[int]] = {}
+        self._no_render: set[str] = set()  # replicas without `/tokenize` (not vLLM): calls go plain
+        self.windows: dict[str, int] = {}  # each replica's max_model_len (its renders say it)
 
     async def render_anywhere(
         self, episode: str, body: dict[str, Any], messages: list[Any]
@@ -158,21 +173,35 @@ class Renderer:
     async def render(
         self, upstream: Upstream, body: dict[str, Any], messages: list[Any], *, generation_prompt: bool
     ) -> list[int]:
-        """Token ids of `messages` as the chat route would render them."""
+        """Token ids of `messages` as the chat route would render them.
+
+        NoRender when the replica has no `/tokenize` route (404/405: an OpenAI-compatible server
+        that isn't vLLM); it is remembered, so only its first call asks.
+        """
+        if upstream.url in self._no_render:
+            raise NoRender(upstream.url)
         request: dict[str, Any] = {"messages": messages, "add_generation_prompt": generation_prompt}
         request.update({name: body[name] for name in _RENDER_FIELDS if body.get(name) is not None})
         try:
-            async with self.pool.session.post(
+            async with upstream.slots, self.pool.session.post(  # a render is a call on the replica too
                 upstream.url + "/tokenize", data=_encoder.encode(request),
                 headers={"content-type": "application/json"}, timeout=self.timeout,
             ) as response:  # fmt: skip
                 raw = await response.read()
                 status = response.status
-        except _NOT_REACHED as exc:
+        except NOT_REACHED as exc:
             raise _Unreachable(f"upstream {upstream.url} unreachable: {type(exc).__name__}") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise Unavailable(f"upstream {upstream.url} can't render: {type(exc).__name__}") from exc
-        return _tokens(status, raw)
+            raise transport_error(upstream, exc) from exc
+        if status in (404, 405):
+            if upstream.url not in self._no_render:
+                self._no_render.add(upstream.url)
+                log.warning("token_in.no_render", upstream=upstream.url, status=status)
+            raise NoRender(upstream.url)
+        tokens, window = _tokens(status, raw)
+        if window:
+            self.windows[upstream.url] = window
+        return tokens
 
     async def terminator(self, upstream: Upstream) -> list[int]:
         """What the template writes after each turn's text (learned once per replica)."""
@@ -188,7 +217,12 @@ class _Unreachable(Unavailable):
     """The replica could not be connected to (the render never reached it)."""
 
 
-def _tokens(status: int, raw: bytes) -> list[int]:
+class NoRender(Exception):
+    """The replica has no `/tokenize` route: token-in can't render for it, the call goes plain."""
+
+
+def _tokens(status: int, raw: bytes) -> tuple[list[int], int | None]:
+    """A render's token ids and the replica's context window (`max_model_len`)."""
     try:
         data = _decoder.decode(raw)
     except msgspec.DecodeError as exc:
@@ -200,7 +234,8 @@ def _tokens(status: int, raw: bytes) -> list[int]:
     tokens = data.get("tokens") if isinstance(data, dict) else None
     if not isinstance(tokens, list):
         raise BadGateway("the upstream answered a render without tokens")
-    return tokens
+    window = data.get("max_model_len")
+    return tokens, window if isinstance(window, int) else None
 
 
 def splice(
@@ -280,17 +315,16 @@ def _has_media(message: Any) -> bool:
     )
 
 
-def _parses_tools(body: dict[str, Any]) -> bool:
-    """Whether vLLM's chat route would parse tool calls (tools given, tool choice not `none`)."""
-    return bool(body.get("tools")) and body.get("tool_choice", "auto") != "none"
+def completions_body(body: dict[str, Any], prompt: list[int], window: int | None) -> dict[str, Any]:
+    """The chat request as a completions request of token ids (sampling parameters kept).
 
-
-def completions_body(body: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
-    """The chat request as a completions request of token ids (sampling parameters kept)."""
+    Without a client limit the answer may fill the rest of the context window (`window`), as on
+    vLLM's chat route; completions would stop at 16 tokens.
+    """
     out = {name: value for name, value in body.items() if name not in _CHAT_ONLY}
     out["prompt"] = prompt
-    # None lets vLLM fill the context window, as its chat route does (completions default to 16).
-    out["max_tokens"] = body.get("max_completion_tokens") or body.get("max_tokens")
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    out["max_tokens"] = limit or (max(window - len(prompt), 1) if window else None)
     top = body.get("top_logprobs")
     out["logprobs"] = top if body.get("logprobs") and isinstance(top, int) else 0
     out["return_token_ids"] = True
@@ -308,12 +342,12 @@ class TokenInApi(Api):
 
     upstream_path = "/v1/completions"
 
-    def __init__(self, inner: Api, call: TokenInCall, *, parse_tools: bool, top_logprobs: int) -> None:
+    def __init__(self, inner: Api, call: TokenInCall, *, parser: AnswerParser, top_logprobs: int) -> None:
         self.inner = inner
         self.call = call
-        self.parse_tools = parse_tools
+        self.parser = parser
         self.top_logprobs = top_logprobs
-        self._choices: dict[int, _ChoiceStream] = {}
+        self._choices: dict[int, AnswerStream] = {}
 
     def capture_body(self, body: dict[str, Any], asked: Asked, capture: Capture) -> dict[str, Any]:
         """The completions answer as chat, captured and shaped by the call's own api."""
@@ -340,8 +374,8 @@ class TokenInApi(Api):
         out = []
         for choice in choices:
             text = str(choice.get("text") or "")
-            content, calls = parse(text) if self.parse_tools else (text, [])
-            message = {"role": "assistant", "content": content, "tool_calls": calls}
+            answer = self.parser.parse(text)
+            message, calls = _message(answer), answer.tool_calls
             if choice.get("index", 0) == 0:
                 self.call.answer = message
             out.append({
@@ -384,10 +418,12 @@ class TokenInApi(Api):
         state = self._choices.get(index)
         delta: dict[str, Any] = {}
         if state is None:
-            state = self._choices[index] = _ChoiceStream(self.parse_tools)
+            state = self._choices[index] = self.parser.stream()
             delta["role"] = "assistant"
         finish = choice.get("finish_reason")
-        content, calls = state.feed(str(choice.get("text") or ""), done=finish is not None)
+        reasoning, content, calls = state.feed(str(choice.get("text") or ""), done=finish is not None)
+        if reasoning:
+            delta["reasoning"] = reasoning
         if content or "role" in delta:
             delta["content"] = content
         if calls:
@@ -395,7 +431,7 @@ class TokenInApi(Api):
         if finish is not None:
             finish = "tool_calls" if state.calls else finish
             if index == 0:
-                self.call.answer = state.message()
+                self.call.answer = _message(state.answer())
         return {
             "index": index,
             "delta": delta,
@@ -405,34 +441,14 @@ class TokenInApi(Api):
         }
 
 
-class _ChoiceStream:
-    """One streamed choice: content released so far and its tool calls."""
-
-    __slots__ = ("calls", "content", "parser")
-
-    def __init__(self, parse_tools: bool) -> None:
-        self.parser = ToolCallStream() if parse_tools else None
-        self.content: list[str] = []
-        self.calls: list[dict[str, Any]] = []
-
-    def feed(self, text: str, *, done: bool) -> tuple[str, list[dict[str, Any]]]:
-        """Content and whole tool calls (chat stream deltas, with `index`) released by `text`."""
-        calls: list[dict[str, Any]] = []
-        if self.parser is None:
-            content = text
-        else:
-            content, calls = self.parser.feed(text)
-            if done:
-                rest, more = self.parser.finish()
-                content, calls = content + rest, calls + more
-        self.content.append(content)
-        self.calls.extend(calls)
-        return content, calls
-
-    def message(self) -> dict[str, Any]:
-        """The whole answer as a chat message (what the client will send back)."""
-        calls = [{k: v for k, v in call.items() if k != "index"} for call in self.calls]
-        return {"role": "assistant", "content": "".join(self.content) or None, "tool_calls": calls}
+def _message(answer: Answer) -> dict[str, Any]:
+    """A parsed answer as vLLM's chat message (`reasoning` is vLLM 0.31's field name)."""
+    return {
+        "role": "assistant",
+        "content": answer.content,
+        "reasoning": answer.reasoning,
+        "tool_calls": answer.tool_calls,
+    }
 
 
 def chat_logprobs(logprobs: Any, top_logprobs: int) -> dict[str, Any] | None:
