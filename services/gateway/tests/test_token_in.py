@@ -21,6 +21,7 @@ import aiohttp
 import msgspec
 import pytest
 
+from harnessrl.gateway.conversation import prefix_digests
 from harnessrl.gateway.token_in import completions_body, splice
 from harnessrl.gateway.tool_parse import ToolCallStream, parse
 from harnessrl.shared import subjects
@@ -505,6 +506,15 @@ def test_an_answer_without_a_client_limit_may_fill_the_window_as_on_the_chat_rou
     assert completions_body({**chat, "max_completion_tokens": 9}, [1], 100)["max_tokens"] == 9
     assert completions_body(chat, [1] * 100, 100)["max_tokens"] == 1  # vLLM then refuses the prompt
     assert completions_body(chat, [1], None)["max_tokens"] is None
+
+
+def test_any_json_messages_have_digests() -> None:
+    """Whatever a client sends as messages is digested (the gateway fuzz test found a 500 here)."""
+    odd = [{"tool_calls": 5}, {"tool_calls": True}, {"tool_calls": "x"}, {"content": [{"text": 1}]}, 3, None]
+    deep = {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[" * 5000}}]}
+    digests = prefix_digests([*odd, deep])
+    assert len(digests) == len(set(digests)) == 7
+    assert prefix_digests([{"role": "user", "tool_calls": 5}]) == prefix_digests([{"role": "user"}])
 
 
 def test_splice_bridges_a_completion_that_did_not_end_its_turn() -> None:

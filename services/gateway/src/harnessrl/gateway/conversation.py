@@ -40,12 +40,12 @@ def extend(digest: str, message: Any) -> str:
 def _canonical(message: Any) -> str:
     if not isinstance(message, dict):
         return json.dumps(message, sort_keys=True, default=str)
-    calls = message.get("tool_calls") or []
+    calls = message.get("tool_calls")
     return json.dumps(
         {
             "role": message.get("role"),
             "content": text_of(message.get("content")),
-            "tool_calls": [_call(call) for call in calls if isinstance(call, dict)],
+            "tool_calls": [_call(c) for c in calls if isinstance(c, dict)] if isinstance(calls, list) else [],
             "name": message.get("name") or "",
         },
         sort_keys=True,
@@ -70,7 +70,7 @@ def _call(call: dict[str, Any]) -> list[Any]:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the decoder's depth
             return [function.get("name"), arguments]
     return [function.get("name"), json.dumps(arguments, sort_keys=True, ensure_ascii=False)]
 

@@ -95,7 +95,11 @@ class TokenIn:
             self.metrics.token_in.labels("plain", "request").inc()
             return api, body
         messages: list[Any] = body["messages"]
-        digests = prefix_digests(messages)
+        try:
+            digests = prefix_digests(messages)
+        except RecursionError:  # nested too deep to digest: vLLM answers such a request itself
+            self.metrics.token_in.labels("plain", "request").inc()
+            return api, body
         try:
             upstream, full = await self.renderer.render_anywhere(call.episode, body, messages)
         except NoRender:
