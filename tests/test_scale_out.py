@@ -43,10 +43,17 @@ def policy_engine(tiny_model: Path) -> PolicyEngine:
     return PolicyEngine(tiny_model, EngineSettings(lr=3e-4), LossSettings())
 
 
-@pytest.fixture
-async def gateways(nats_server: NatsServer, vllm_server: VllmServer) -> AsyncIterator[list[RunningGateway]]:
-    """Three gateway replicas in front of the session's vLLM, each on its own bus connection."""
-    settings = settings_for([vllm_server.url], served_model=vllm_server.model)
+@pytest.fixture(params=[False, True], ids=["plain", "token_in"])
+async def gateways(
+    nats_server: NatsServer, vllm_server: VllmServer, request: pytest.FixtureRequest
+) -> AsyncIterator[list[RunningGateway]]:
+    """Three gateway replicas in front of the session's vLLM, each on its own bus connection.
+
+    Plain mode numbers a call from the replica's own view of the episode (two spans old on the
+    last call: a seq conflict, renumbered); token-in reads the episode's spans from the bus when
+    its parent isn't known, so its view is current.
+    """
+    settings = settings_for([vllm_server.url], served_model=vllm_server.model, token_in=request.param)
     async with AsyncExitStack() as stack:
         running = []
         for _ in range(REPLICAS):
@@ -112,9 +119,13 @@ async def test_episodes_served_round_robin_by_three_gateways_assemble_complete_a
         g.gateway.metrics.registry.get_sample_value("harnessrl_gateway_span_seq_conflicts_total") or 0
         for g in gateways
     )
-    assert conflicts >= len(episodes), "each last call found its episode moved on by the other replicas"
+    token_in = gateways[0].gateway.settings.token_in
+    if not token_in:
+        assert conflicts >= len(episodes), "each last call found its episode moved on by the other replicas"
     for episode, span_ids in zip(episodes, answered, strict=True):
         spans = await episode.spans(bus)
+        if token_in:
+            assert [s.token_in for s in spans] == ["fresh"] + ["extended"] * (CALLS - 1)
         assert [s.seq for s in spans] == list(range(CALLS))
         assert [s.span_id for s in spans] == span_ids, "every answered call has its span, in order"
         assert len({s.upstream for s in spans}) == 1
