@@ -29,7 +29,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import Span
 from harnessrl.shared.tokens import reconstruct_prompts
 from harnessrl.stack.natsserver import NatsServer
@@ -37,6 +36,7 @@ from harnessrl.stack.vllm import VllmServer
 from harnessrl.testkit.claude_code import claude_code_policy, claude_command, claude_env, fresh_workdir
 from harnessrl.testkit.gateway import KeyedEpisode, serve_gateway, settings_for
 from harnessrl.testkit.local_app import LocalApp
+from harnessrl.testkit.plugin import open_bus
 from harnessrl.trainer.samples import build_rows
 
 # The run's sampling policy (the gateway forces it on every call): sharp enough that the warm-started
@@ -140,9 +140,7 @@ async def claude_episode(
     completions of token ids in token-in mode (the gateway then parses reasoning and tool calls
     with the server's parsers, `qwen3` and `hermes`).
     """
-    episode, tap, bus = KeyedEpisode(), Tap(served.url), NatsBus(nats_server.url, publish_retry_s=15.0)
-    await bus.connect()
-    await bus.ensure_streams()
+    episode, tap = KeyedEpisode(), Tap(served.url)
     await tap.start()
     route = "/v1/completions" if token_in else "/v1/chat/completions"
     try:
@@ -153,13 +151,13 @@ async def claude_episode(
             token_in=token_in,
             reasoning_parser="qwen3",
         )
-        async with serve_gateway(settings, bus) as gateway:
-            code, out, err = await run_claude(gateway.url, episode.key, home)
-        replies = [await replay(served, body, route) for body in tap.bodies]
-        spans = await episode.spans(bus)
+        async with open_bus(nats_server.url) as bus:
+            async with serve_gateway(settings, bus) as gateway:
+                code, out, err = await run_claude(gateway.url, episode.key, home)
+            replies = [await replay(served, body, route) for body in tap.bodies]
+            spans = await episode.spans(bus)
     finally:
         await tap.stop()
-        await bus.close()
     lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
     for message in client_messages(out):
         log.info(

@@ -28,6 +28,7 @@ from harnessrl.shared.ids import new_id
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.stack.vllm import VllmServer
 from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
+from harnessrl.testkit.plugin import open_bus
 from harnessrl.trainer.engine import PolicyEngine
 from harnessrl.trainer.service import TrainerService
 from harnessrl.trainer.settings import EngineSettings, LossSettings, PoolSettings, TrainerSettings
@@ -57,9 +58,7 @@ async def gateways(
     async with AsyncExitStack() as stack:
         running = []
         for _ in range(REPLICAS):
-            bus = NatsBus(nats_server.url, publish_retry_s=15.0)
-            await bus.connect()
-            stack.push_async_callback(bus.close)
+            bus = await stack.enter_async_context(open_bus(nats_server.url))
             running.append(await stack.enter_async_context(serve_gateway(settings, bus)))
         yield running
 

@@ -10,6 +10,7 @@ from harnessrl.shared.bus import NatsBus
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.testkit.canned_upstream import CannedUpstream
 from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
+from harnessrl.testkit.plugin import open_bus
 
 
 @pytest.fixture
@@ -28,11 +29,8 @@ async def canned() -> AsyncIterator[CannedUpstream]:
 @pytest.fixture(scope="module")
 async def module_bus(nats_server: NatsServer) -> AsyncIterator[NatsBus]:
     """A bus shared by one module's tests (the gateway's teardown costs a second per bus)."""
-    client = NatsBus(nats_server.url, publish_retry_s=15.0)
-    await client.connect()
-    await client.ensure_streams()
-    yield client
-    await client.close()
+    async with open_bus(nats_server.url) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,7 @@ from harnessrl.shared.ids import new_id
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.testkit.canned_upstream import CannedUpstream
 from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
+from harnessrl.testkit.plugin import open_bus
 
 REPLY = "Hello from the canned upstream."
 SPANS = subjects.SPANS.name
@@ -52,10 +53,7 @@ async def _gateways(nats_url: str, upstream: str, count: int) -> AsyncIterator[l
     async with AsyncExitStack() as stack:
         running = []
         for _ in range(count):
-            bus = NatsBus(nats_url, publish_retry_s=15.0)
-            await bus.connect()
-            await bus.ensure_streams()
-            stack.push_async_callback(bus.close)
+            bus = await stack.enter_async_context(open_bus(nats_url))
             running.append(await stack.enter_async_context(serve_gateway(settings_for([upstream]), bus)))
         yield running
 

@@ -25,7 +25,6 @@ import pytest
 from harnessrl.controller.artifacts import summarize_spans
 from harnessrl.gateway.upstreams import UpstreamPool
 from harnessrl.shared import subjects
-from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.bus.base import Bus
 from harnessrl.shared.contracts import (
     AgentExited,
@@ -39,6 +38,7 @@ from harnessrl.shared.tokens import reconstruct_prompts
 from harnessrl.stack.natsserver import NatsServer
 from harnessrl.testkit.canned_upstream import CannedUpstream, Reply, render_prompt
 from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
+from harnessrl.testkit.plugin import open_bus
 
 REPLY = "Hello from the canned upstream."
 FAIL = "fail-this-call"  # a user turn the upstream answers with 500
@@ -77,14 +77,9 @@ async def _replicas(
 async def _replica(
     nats_server: NatsServer, upstreams: list[CannedUpstream], **overrides: Any
 ) -> AsyncIterator[RunningGateway]:
-    bus = NatsBus(nats_server.url, publish_retry_s=15.0)
-    await bus.connect()
-    try:
-        settings = settings_for([u.url for u in upstreams], **overrides)
-        async with serve_gateway(settings, bus) as running:
-            yield running
-    finally:
-        await bus.close()
+    settings = settings_for([u.url for u in upstreams], **overrides)
+    async with open_bus(nats_server.url) as bus, serve_gateway(settings, bus) as running:
+        yield running
 
 
 class Conversation:

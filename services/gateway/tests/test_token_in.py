@@ -23,7 +23,7 @@ import pytest
 
 from harnessrl.gateway.conversation import prefix_digests
 from harnessrl.gateway.token_in import completions_body, splice
-from harnessrl.gateway.tool_parse import ToolCallStream, parse
+from harnessrl.gateway.tool_parse import tool_parser
 from harnessrl.shared import subjects
 from harnessrl.shared.bus import NatsBus
 from harnessrl.shared.contracts import EpisodeScheduled, Span
@@ -34,6 +34,7 @@ from harnessrl.stack.vllm import VllmServer
 from harnessrl.testkit.canned_upstream import CannedUpstream
 from harnessrl.testkit.gateway import KeyedEpisode, RunningGateway, serve_gateway, settings_for
 from harnessrl.testkit.model_fixtures import rewriting_model
+from harnessrl.testkit.plugin import open_bus
 
 __all__ = ["rewriting_model"]  # the fixture, used by `rewriting_vllm`
 
@@ -70,12 +71,11 @@ async def module_bus(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
     """
     server = NatsServer(tmp_path_factory.mktemp("nats-tokin"))
     server.start()
-    client = NatsBus(server.url, publish_retry_s=15.0)
-    await client.connect()
-    await client.ensure_streams()
-    yield client
-    await client.close()
-    server.stop()
+    try:
+        async with open_bus(server.url) as client:
+            yield client
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -550,7 +550,8 @@ def test_splice_bridges_a_completion_that_did_not_end_its_turn() -> None:
 
 def test_tool_call_stream_releases_content_and_whole_calls() -> None:
     text = 'ok <tool_call>\n{"name": "get", "arguments": {"city": "x"}}\n</tool_call>'
-    stream = ToolCallStream()
+    hermes = tool_parser("hermes")
+    stream = hermes.stream()
     released, calls = "", []
     for piece in [text[i : i + 3] for i in range(0, len(text), 3)]:
         content, done = stream.feed(piece)
@@ -559,6 +560,6 @@ def test_tool_call_stream_releases_content_and_whole_calls() -> None:
         calls += done
     rest, more = stream.finish()
     assert (released + rest, len(calls + more)) == ("ok ", 1)
-    assert parse(text)[0] == "ok "
+    assert hermes.parse(text)[0] == "ok "
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "x"}
-    assert parse("<tool_call>{not json}</tool_call>") == ("<tool_call>{not json}</tool_call>", [])
+    assert hermes.parse("<tool_call>{not json}</tool_call>") == ("<tool_call>{not json}</tool_call>", [])

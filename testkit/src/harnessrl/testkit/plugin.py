@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from harnessrl.shared.bus import NatsBus
 from harnessrl.stack.natsserver import NatsCluster, NatsServer
 from harnessrl.testkit.model_fixtures import tiny_model, vllm_server
 
-__all__ = ["bus", "nats_cluster", "nats_server", "say", "tiny_model", "vllm_server"]
+__all__ = ["bus", "nats_cluster", "nats_server", "open_bus", "say", "tiny_model", "vllm_server"]
 
 
 @pytest.fixture(scope="session")
@@ -42,16 +43,25 @@ def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsClust
     cluster.stop()
 
 
+@asynccontextmanager
+async def open_bus(url: str) -> AsyncIterator[NatsBus]:
+    """A connected NatsBus with every harnessrl stream ensured (publishes retried for 15 s)."""
+    client = NatsBus(url, publish_retry_s=15.0)
+    await client.connect()
+    try:
+        await client.ensure_streams()
+        yield client
+    finally:
+        await client.close()
+
+
 @pytest.fixture
 async def bus(nats_server: NatsServer) -> AsyncIterator[NatsBus]:
     """A connected NatsBus with every harnessrl stream ensured."""
     if nats_server.process is None or nats_server.process.poll() is not None:
         nats_server.start()
-    client = NatsBus(nats_server.url, publish_retry_s=15.0)
-    await client.connect()
-    await client.ensure_streams()
-    yield client
-    await client.close()
+    async with open_bus(nats_server.url) as client:
+        yield client
 
 
 @pytest.fixture

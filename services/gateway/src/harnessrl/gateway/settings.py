@@ -33,13 +33,11 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     # Responses calls are sent as the episode's exact token history (README "Token-in mode"). On:
     # `make bench-merge` measured one training row per rollout for 100% of episodes (38% plain).
     token_in: bool = True
-    # --- token-in answer parsing (tool_parse, reasoning_parse) ---
     # How token-in mode reads tool calls and reasoning out of sampled text: vLLM's own parser names,
     # which must be what the replicas run with (`--tool-call-parser`, `--reasoning-parser`) so both
     # modes answer alike. Empty `reasoning_parser`: no reasoning split, as vLLM without the flag.
     tool_parser: str = VLLM_TOOL_CALL_PARSER
     reasoning_parser: str = ""
-    # --- end token-in answer parsing ---
     # Bigger request bodies get 413 (agents send long contexts; 16 MiB is far above any window).
     max_body_bytes: int = 16 * 1024 * 1024
     max_artifact_bytes: int = 16 * 1024 * 1024

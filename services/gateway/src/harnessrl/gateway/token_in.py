@@ -89,22 +89,18 @@ class TokenIn:
         """The api and body to send: token-in ones, or `api` and `body` as they are (plain)."""
         wrapper = _WRAPPERS.get(api.kind)
         if wrapper is None or not isinstance(body.get("messages"), list):
-            self.metrics.token_in.labels("plain", "api").inc()
-            return api, body
+            return self._plain("api", api, body)
         if _plain_only(body):
-            self.metrics.token_in.labels("plain", "request").inc()
-            return api, body
+            return self._plain("request", api, body)
         messages: list[Any] = body["messages"]
         try:
             digests = prefix_digests(messages)
         except RecursionError:  # nested too deep to digest: vLLM answers such a request itself
-            self.metrics.token_in.labels("plain", "request").inc()
-            return api, body
+            return self._plain("request", api, body)
         try:
             upstream, full = await self.renderer.render_anywhere(call.episode, body, messages)
         except NoRender:
-            self.metrics.token_in.labels("plain", "no_render").inc()
-            return api, body
+            return self._plain("no_render", api, body)
         case, prompt, parent = await self._prompt(call, spans, body, upstream, digests, full)
         self.metrics.token_in.labels(case, "").inc()
         call.token_in = TokenInCall(case, digests[-1] if digests else "", parent)
@@ -115,6 +111,11 @@ class TokenIn:
             sent["skip_special_tokens"] = False
         shaped = wrapper(api, call.token_in, parser=parser, top_logprobs=sent["logprobs"])
         return shaped, sent
+
+    def _plain(self, reason: str, api: Api, body: dict[str, Any]) -> tuple[Api, dict[str, Any]]:
+        """The call goes the plain chat way, counted by why."""
+        self.metrics.token_in.labels("plain", reason).inc()
+        return api, body
 
     async def _prompt(
         self, call: CallRecord, spans: EpisodeSpans, body: dict[str, Any], upstream: Upstream,

@@ -24,7 +24,6 @@ __all__ = [
     "Parsed",
     "ToolCallParser",
     "ToolCallStream",
-    "parse",
     "tool_call",
     "tool_parser",
 ]
@@ -41,8 +40,3 @@ def tool_parser(name: str, tools: list[Any] | None = None) -> ToolCallParser:
     if known is None:
         raise ValueError(f"unknown tool call parser {name!r}; known: {', '.join(sorted(TOOL_PARSERS))}")
     return known(tools)
-
-
-def parse(text: str) -> Parsed:
-    """A whole answer as the default setting (`hermes`) parses it."""
-    return Hermes().parse(text)

@@ -73,11 +73,7 @@ class ToolCallStream:
 
     __slots__ = ("_closed_at", "_open", "_released", "calls", "parser", "text")
 
-    def __init__(self, parser: ToolCallParser | None = None) -> None:
-        if parser is None:  # the default setting, for callers written before the registry
-            from harnessrl.gateway.tool_parse.hermes import Hermes
-
-            parser = Hermes()
+    def __init__(self, parser: ToolCallParser) -> None:
         self.parser = parser
         self.text = ""  # everything fed
         self._released = 0  # text[:_released] went out as content
