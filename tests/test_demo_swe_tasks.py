@@ -23,6 +23,7 @@ from harnessrl.reward.settings import SandboxLimits
 from harnessrl.reward.swe.sandbox import available_limits
 from harnessrl.shared.contracts import TaskSpec
 from harnessrl.stack.demo import swe_demos, swe_tasks
+from harnessrl.stack.demo.swe_run import SweDemoSettings
 from harnessrl.testkit.tools import MINI_SWE_AGENT
 
 TRAIN, HELDOUT = 40, 100
@@ -38,9 +39,13 @@ def identifiers(spec: swe_tasks.SweInstanceSpec) -> dict[str, set[Any]]:
 
 
 def test_training_and_heldout_share_no_repo_file_function_or_value() -> None:
-    train = swe_tasks.instance_specs("train", 300)
+    # Every training instance the demo imitates or trains on, against the held-out set.
+    demos = SweDemoSettings().demo_instances
+    train = swe_tasks.instance_specs("train", demos)
     heldout = swe_tasks.instance_specs("heldout", 120)
-    assert len({s.name for s in heldout}) == 120 and len({s.name for s in train}) == 300
+    assert len({s.name for s in heldout}) == 120 and len({s.name for s in train}) == demos
+    # The RL tasks (repositories built) are the first training instances, so imitated too.
+    assert [s.name for s in swe_tasks.instance_specs("train", TRAIN)] == [s.name for s in train[:TRAIN]]
     for kind in ("repo", "file", "name", "value"):
         seen_train = set().union(*(identifiers(s)[kind] for s in train))
         seen_heldout = set().union(*(identifiers(s)[kind] for s in heldout))
@@ -113,7 +118,7 @@ def test_the_failing_test_names_the_fix(rows: list[dict[str, Any]]) -> None:
         )
     assert seen.returncode == 1
     assert seen.stdout.endswith(swe_demos.failure_line(spec)), seen.stdout
-    assert f"{spec.constant} = {spec.old} should be {spec.constant} = {spec.new}" in seen.stdout
+    assert f"{spec.constant} = {spec.old} should be {spec.new}" in seen.stdout
 
 
 def test_replay_is_exactly_what_mini_swe_agent_sends(rows: list[dict[str, Any]], tmp_path: Path) -> None:
@@ -123,7 +128,34 @@ def test_replay_is_exactly_what_mini_swe_agent_sends(rows: list[dict[str, Any]],
     spec = swe_tasks.spec_of(other)
     for edit in (spec.fix_command(), swe_demos.wrong_fix(spec)):
         real = swe_demos.trajectory(MINI_SWE_AGENT, config, other, edit)
-        assert swe_demos.replay(captured, swe_tasks.spec_of(first), spec, other, edit) == real
+        assert swe_demos.replay(captured, swe_tasks.spec_of(first), spec, edit) == real
     # Two calls: look (the test command), then act; the second request carries the observation.
     assert [m["role"] for m in captured["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
     assert swe_demos.failure_line(swe_tasks.spec_of(first)).strip() in captured["messages"][3]["content"]
+
+
+def test_the_demo_tokenizer_spells_training_and_heldout_names_alike(
+    rows: list[dict[str, Any]], tmp_path: Path, tiny_model: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from harnessrl.stack.demo.tiny_model import build_tiny_model
+
+    config = swe_demos.write_config(tmp_path / "mini-demo.yaml")
+    reference = swe_tasks.spec_of(rows[0])
+    captured = swe_demos.trajectory(MINI_SWE_AGENT, config, rows[0], reference.fix_command())
+    specs = swe_tasks.instance_specs("train", 40)
+    demos = [swe_demos.replay(captured, reference, spec, spec.fix_command()) for spec in specs]
+    words = swe_tasks.split_of()[0]
+    corpus = swe_demos.tokenizer_corpus(demos, tiny_model, words["train"])
+    assert all(swe_tasks.TEST_COMMAND in text for text in corpus)
+    assert not [w for w in words["train"] for text in corpus if w in text or w.upper() in text]
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "model", corpus, vocab_size=1024))
+    # The fixed text is a few tokens; names are spelled in short pieces, alike in both splits.
+    assert len(tokenizer(swe_tasks.TEST_COMMAND)["input_ids"]) <= 12
+
+    def chars_per_token(split: str) -> float:
+        names = [f"{w}_{w.upper()}" for w in words[split]]
+        return sum(map(len, names)) / sum(len(tokenizer(n)["input_ids"]) for n in names)
+
+    assert abs(chars_per_token("train") / chars_per_token("heldout") - 1) < 0.2

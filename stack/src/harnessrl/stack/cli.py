@@ -175,7 +175,8 @@ def cmd_demo_swe(args: argparse.Namespace) -> int:
     """The coding demo (`make demo-swe`); exits non-zero below the issue's targets."""
     from harnessrl.stack.demo.swe_run import SweDemoSettings, run_swe_demo, targets_met
 
-    settings = SweDemoSettings(steps=args.steps, warm_steps=args.warm_steps)
+    given = {"steps": args.steps, "warm_steps": args.warm_steps}
+    settings = SweDemoSettings(**{name: value for name, value in given.items() if value is not None})
     try:
         summary = run_swe_demo(home_dir(args.home), settings)
     except KeyboardInterrupt:
@@ -330,8 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     demos = demo.add_subparsers(dest="demo_kind")
     swe = demos.add_parser("swe", help="the coding demo: mini-swe-agent learning to fix bugs")
     swe.add_argument("--home", default=None)
-    swe.add_argument("--steps", type=int, default=6)
-    swe.add_argument("--warm-steps", type=int, default=300)
+    swe.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the calibrated recipe's)")
+    swe.add_argument("--warm-steps", type=int, default=None, help="warm-start steps (default: the recipe's)")
     swe.set_defaults(func=cmd_demo_swe)
     add_export_parser(sub)
     tail.register(sub)

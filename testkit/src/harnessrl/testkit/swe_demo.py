@@ -42,7 +42,7 @@ def swe_demo_policy(tiny_model: Path, home: Path) -> SweDemoPolicy:
     captured = capture_reference(swe_demos.MINI_SWE_AGENT, config, rows[0])
     reference = swe_tasks.spec_of(rows[0])
     demos = [
-        swe_demos.replay(captured, reference, swe_tasks.spec_of(row), row, edit)
+        swe_demos.replay(captured, reference, swe_tasks.spec_of(row), edit)
         for row in rows
         for edit in (swe_tasks.spec_of(row).fix_command(), swe_demos.wrong_fix(swe_tasks.spec_of(row)))
     ]

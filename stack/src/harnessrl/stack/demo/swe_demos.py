@@ -25,7 +25,13 @@ from typing import Any
 from aiohttp import web
 
 from harnessrl.shared.cache import cache_root
-from harnessrl.stack.demo.swe_tasks import SUBMIT, TEST_COMMAND, SweInstanceSpec, problem_statement
+from harnessrl.stack.demo.swe_tasks import (
+    TEST_COMMAND,
+    TESTS,
+    SweInstanceSpec,
+    edit_command,
+    problem_statement,
+)
 
 # Where `scripts/tools.sh` installs mini-swe-agent 2.4.6 (its own environment).
 MINI_SWE_AGENT = cache_root() / "harness-mini-swe-agent-2.4.6" / "bin" / "mini"
@@ -87,8 +93,8 @@ def harness_command(mini: Path, config: Path, temperature: float) -> list[str]:
 
 
 def wrong_fix(spec: SweInstanceSpec) -> str:
-    """A failed trajectory's edit: it sets the value the test reports, not the one it expects."""
-    return f"sed -i 's/{spec.constant} = {spec.old}/{spec.constant} = {spec.old}/' {spec.path} && {SUBMIT}"
+    """A failed trajectory's edit: the right substitution, run on the tests instead of the code."""
+    return edit_command(spec.old, spec.new, TESTS)
 
 
 def tool_call(command: str) -> str:
@@ -121,7 +127,7 @@ async def capture(
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -162,13 +168,11 @@ def trajectory(mini: Path, config: Path, row: dict[str, Any], edit: str) -> Demo
 
 def failure_line(spec: SweInstanceSpec) -> str:
     """The summary line pytest prints for the instance's failing visible test."""
-    message = f"{spec.path}: {spec.constant} = {spec.old} should be {spec.constant} = {spec.new}"
+    message = f"{spec.path}: {spec.constant} = {spec.old} should be {spec.new}"
     return f"FAILED {spec.test_path}::test_{spec.constant.lower()} - AssertionError: {message}\n"
 
 
-def replay(
-    captured: Demo, captured_spec: SweInstanceSpec, spec: SweInstanceSpec, row: dict[str, Any], edit: str
-) -> Demo:
+def replay(captured: Demo, captured_spec: SweInstanceSpec, spec: SweInstanceSpec, edit: str) -> Demo:
     """A demonstration for `spec` in the exact shape of a captured one (checked by `check_replay`).
 
     The system prompt, tools, the first tool call and pytest's header lines are the captured
@@ -179,9 +183,29 @@ def replay(
     header = json.loads(observation["content"])["output"].removesuffix(failure_line(captured_spec))
     output = header + failure_line(spec)
     content = '{\n  "returncode": 1,\n  "output": ' + json.dumps(output) + "\n}"
-    instance = user["content"].replace(problem_statement(captured_spec), row["problem_statement"], 1)
+    instance = user["content"].replace(problem_statement(captured_spec), problem_statement(spec), 1)
     messages = [
         system, {**user, "content": instance}, look, {**observation, "content": content},
         {"role": "assistant", "content": tool_call(edit)},
     ]  # fmt: skip
     return {"messages": messages, "tools": captured["tools"]}
+
+
+def tokenizer_corpus(demos: list[Demo], template_model: Path, names: list[str]) -> list[str]:
+    """The demonstrations as the chat template renders them, each of `names` blanked out.
+
+    The coding demo's model gets a tokenizer trained on this (plus the default synthetic corpus):
+    what every episode repeats (the tool preamble, mini's task text, pytest's output, the commands)
+    becomes few tokens, while repository, file and constant names, blanked here, stay spelled in
+    short pieces, the same for training and held-out instances.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(template_model)
+    texts = []
+    for demo in demos:
+        text = str(tokenizer.apply_chat_template(demo["messages"], tools=demo["tools"], tokenize=False))
+        for name in sorted({*names, *(n.upper() for n in names)}, key=len, reverse=True):
+            text = text.replace(name, " ")
+        texts.append(text)
+    return texts

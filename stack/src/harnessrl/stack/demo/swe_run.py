@@ -35,24 +35,30 @@ from harnessrl.stack.train import TrainSession, console
 class SweDemoSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The recipe; tests shorten it.
 
-    Each mini-swe-agent episode costs about 10 s of CPU before its first call (litellm's import), so
-    two cores run at most ~150 episodes in 20 minutes: 6 steps of 2 tasks x 8 attempts, 4 at once
-    (more at once starve nats-server on two cores).
+    Measured on 2 cores: the warm start takes about 7 minutes (600 steps of 16), each held-out
+    evaluation (100 instances, greedy and sampled) about 6 and each RL step (2 tasks x 8 attempts,
+    4 at once: more starve nats-server) about 1.2. This recipe does not meet the targets yet: the
+    README's coding-demo section says what it reaches.
     """
 
     run: str = "demo-swe"
-    steps: int = 6
+    steps: int = 4
     group_size: int = 8
     tasks_per_step: int = 2
     max_concurrent: int = 4
     train_instances: int = 300
     heldout_instances: int = 100
-    warm_steps: int = 300
-    warm_batch: int = 8
+    # Warm start: one demonstration per training instance of this many (repositories need not exist).
+    demo_instances: int = 5000
+    corpus_demos: int = 100
+    warm_steps: int = 600
+    warm_batch: int = 16
     warm_lr: float = 3e-3
-    # Share of the demonstrations that are failed trajectories (a wrong edit).
-    fail_share: float = 0.2
-    eval_every: int = 3
+    # Share of the demonstrations that are failed trajectories (the edit runs on the tests): the
+    # warm-started policy copies both values but mostly edits the wrong files, so greedy decoding
+    # starts near 0 and sampling near 1 - fail_share, and GRPO has reward variance in most groups.
+    fail_share: float = 0.7
+    eval_every: int = 2
     improvement_floor: float = 0.3
     wall_limit_s: float = 1200.0
 
@@ -74,16 +80,15 @@ def capture_reference(mini: Path, config: Path, row: dict[str, Any]) -> dict[str
 
 
 def demonstrations(
-    captured: dict[str, Any], rows: list[dict[str, Any]], fail_share: float
+    captured: dict[str, Any], specs: list[swe_tasks.SweInstanceSpec], fail_share: float
 ) -> list[swe_demos.Demo]:
     """A captured-format trajectory per training instance; every `1/fail_share`-th a failed edit."""
     reference = msgspec.convert(captured["spec"], swe_tasks.SweInstanceSpec)
-    every = round(1 / fail_share) if fail_share > 0 else 0
     out = []
-    for n, row in enumerate(rows):
-        spec = swe_tasks.spec_of(row)
-        edit = swe_demos.wrong_fix(spec) if every and n % every == every - 1 else spec.fix_command()
-        out.append(swe_demos.replay(captured, reference, spec, row, edit))
+    for n, spec in enumerate(specs):
+        failed = int((n + 1) * fail_share) > int(n * fail_share)
+        edit = swe_demos.wrong_fix(spec) if failed else spec.fix_command()
+        out.append(swe_demos.replay(captured, reference, spec, edit))
     return out
 
 
@@ -98,15 +103,25 @@ def warm_start(base: Path, demos: list[swe_demos.Demo], out: Path, settings: Swe
     return out
 
 
-def prepare(home: Path, mini: Path, base: Path, settings: SweDemoSettings) -> Prepared:
-    """Tasks, mini's configuration, the captured request and the warm-started policy."""
+def prepare(home: Path, mini: Path, template_model: Path, settings: SweDemoSettings) -> Prepared:
+    """Tasks, mini's configuration, the captured request, the family's model and the warm start."""
+    from harnessrl.stack.demo import tiny_corpus
+    from harnessrl.stack.demo.tiny_model import build_tiny_model
+
     folder = home / "demo-swe"
     folder.mkdir(parents=True, exist_ok=True)
     train = swe_tasks.load_rows(swe_tasks.ensure_split("train", settings.train_instances))
     heldout = swe_tasks.load_rows(swe_tasks.ensure_split("heldout", settings.heldout_instances))
     config = swe_demos.write_config(folder / "mini-demo.yaml")
     captured = capture_reference(mini, config, train[0])
-    policy = warm_start(base, demonstrations(captured, train, settings.fail_share), folder / "warm", settings)
+    # Many more training instances than RL visits: the names and values never repeat enough to be
+    # memorised, so imitation has to read them off the observation.
+    specs = swe_tasks.instance_specs("train", settings.demo_instances)
+    demos = demonstrations(captured, specs, settings.fail_share)
+    words = swe_tasks.split_of()[0]["train"]
+    corpus = swe_demos.tokenizer_corpus(demos[: settings.corpus_demos], template_model, words)
+    base = build_tiny_model(folder / "base", [*corpus, *tiny_corpus.synthetic_corpus()], vocab_size=1024)
+    policy = warm_start(base, demos, folder / "warm", settings)
     return Prepared(train=train, heldout=heldout, config=config, captured=captured, policy=policy)
 
 

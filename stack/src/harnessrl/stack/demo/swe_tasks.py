@@ -5,12 +5,12 @@ defines a constant whose value is wrong; the visible test fails with a message t
 the constant, its current value and the value it should have, e.g.
 
     FAILED tests/test_kettle.py::test_max_lamp - AssertionError: fern_moss/kettle.py: MAX_LAMP = 41
-    should be MAX_LAMP = 67
+    should be 67
 
 so an agent that runs the tests (call 1) can read the one-line fix off what it sees and make it
-with `sed` (call 2). Graded SWE-bench style: the test patch adds a hidden test of the function that
-uses the constant; FAIL_TO_PASS is the visible test and the hidden one, PASS_TO_PASS a test of an
-unrelated helper in the same file.
+with `sed` (call 2): `sed -i 's/= 41$/= 67/' $(git ls-files '*.py')`. Graded SWE-bench style: the
+test patch adds a hidden test of the function that uses the constant; FAIL_TO_PASS is the visible
+test and the hidden one, PASS_TO_PASS a test of an unrelated helper in the same file.
 
 Training and held-out instances are built from disjoint word lists and disjoint value sets, so they
 share no repository, file, function, constant or value (`tests/test_demo_swe_tasks.py` checks it).
@@ -80,9 +80,16 @@ class SweInstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     def fix_command(self) -> str:
         """The gold one-line fix as the agent would write it, submitting in the same command."""
-        return (
-            f"sed -i 's/{self.constant} = {self.old}/{self.constant} = {self.new}/' {self.path} && {SUBMIT}"
-        )
+        return edit_command(self.old, self.new)
+
+
+# Where the edit looks: every tracked Python file (the fix), or only the tests (a failed edit).
+SOURCES, TESTS = "$(git ls-files '*.py')", "tests/*.py"
+
+
+def edit_command(old: int, new: int, where: str = SOURCES) -> str:
+    """A one-line edit that sets the constant assigned `old` to `new` in the files `where` names."""
+    return f"sed -i 's/= {old}$/= {new}/' {where} && {SUBMIT}"
 
 
 def split_of(seed: int = SEED) -> tuple[dict[Split, list[str]], dict[Split, list[int]]]:
@@ -135,7 +142,7 @@ def module_source(spec: SweInstanceSpec, value: int) -> str:
 def test_source(spec: SweInstanceSpec, *, hidden: bool) -> str:
     """The test module; `hidden` adds the function's test (the test patch)."""
     names = [spec.constant, spec.helper] + ([spec.function] if hidden else [])
-    message = f"{spec.path}: {spec.constant} = {{{spec.constant}}} should be {spec.constant} = {spec.new}"
+    message = f"{spec.path}: {spec.constant} = {{{spec.constant}}} should be {spec.new}"
     text = f"from {spec.package}.{spec.module} import {', '.join(names)}\n\n\n"
     text += f"def test_{spec.constant.lower()}():\n"
     text += f'    assert {spec.constant} == {spec.new}, f"{message}"\n\n\n'
