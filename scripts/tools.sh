@@ -19,6 +19,15 @@ if [ ! -x "$helm_dir/helm" ]; then
   rm -rf "$tmp"
 fi
 
+# HAProxy (Debian's package): the load balancer in front of gateway replicas in the chaos and
+# scale-out runs that `make test` includes. A fresh machine lacks it.
+if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ]; then
+  echo "installing haproxy (Debian package)"
+  apt-get install -y -qq haproxy >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq haproxy >/dev/null 2>&1; } \
+    || echo "haproxy could not be installed: the chaos and scale-out tests need it" >&2
+fi
+
 mswea="$cache/harness-mini-swe-agent-2.4.6"
 if [ ! -x "$mswea/bin/mini" ]; then
   echo "building the mini-swe-agent harness environment"
