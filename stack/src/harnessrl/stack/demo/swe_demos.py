@@ -30,6 +30,7 @@ from harnessrl.stack.demo.swe_tasks import (
     TESTS,
     SweInstanceSpec,
     edit_command,
+    expectation,
     problem_statement,
 )
 
@@ -168,7 +169,7 @@ def trajectory(mini: Path, config: Path, row: dict[str, Any], edit: str) -> Demo
 
 def failure_line(spec: SweInstanceSpec) -> str:
     """The summary line pytest prints for the instance's failing visible test."""
-    message = f"{spec.path}: {spec.constant} = {spec.old} should be {spec.new}"
+    message = expectation(spec, str(spec.old))
     return f"FAILED {spec.test_path}::test_{spec.constant.lower()} - AssertionError: {message}\n"
 
 
@@ -202,10 +203,11 @@ def tokenizer_corpus(demos: list[Demo], template_model: Path, names: list[str]) 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(template_model)
+    blanked = sorted({*names, *(n.upper() for n in names)}, key=len, reverse=True)
     texts = []
     for demo in demos:
         text = str(tokenizer.apply_chat_template(demo["messages"], tools=demo["tools"], tokenize=False))
-        for name in sorted({*names, *(n.upper() for n in names)}, key=len, reverse=True):
+        for name in blanked:
             text = text.replace(name, " ")
         texts.append(text)
     return texts

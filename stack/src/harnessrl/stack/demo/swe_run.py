@@ -82,7 +82,7 @@ def capture_reference(mini: Path, config: Path, row: dict[str, Any]) -> dict[str
 def demonstrations(
     captured: dict[str, Any], specs: list[swe_tasks.SweInstanceSpec], fail_share: float
 ) -> list[swe_demos.Demo]:
-    """A captured-format trajectory per training instance; every `1/fail_share`-th a failed edit."""
+    """A captured-format trajectory per training instance; `fail_share` of them, evenly spread, failed."""
     reference = msgspec.convert(captured["spec"], swe_tasks.SweInstanceSpec)
     out = []
     for n, spec in enumerate(specs):

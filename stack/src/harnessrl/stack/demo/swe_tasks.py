@@ -139,10 +139,15 @@ def module_source(spec: SweInstanceSpec, value: int) -> str:
     )
 
 
+def expectation(spec: SweInstanceSpec, current: str) -> str:
+    """The visible test's assertion message, the constant's value shown as `current`."""
+    return f"{spec.path}: {spec.constant} = {current} should be {spec.new}"
+
+
 def test_source(spec: SweInstanceSpec, *, hidden: bool) -> str:
     """The test module; `hidden` adds the function's test (the test patch)."""
     names = [spec.constant, spec.helper] + ([spec.function] if hidden else [])
-    message = f"{spec.path}: {spec.constant} = {{{spec.constant}}} should be {spec.new}"
+    message = expectation(spec, f"{{{spec.constant}}}")
     text = f"from {spec.package}.{spec.module} import {', '.join(names)}\n\n\n"
     text += f"def test_{spec.constant.lower()}():\n"
     text += f'    assert {spec.constant} == {spec.new}, f"{message}"\n\n\n'
