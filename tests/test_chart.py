@@ -351,8 +351,10 @@ def test_the_cpu_scenario_runs_the_images_make_images_builds(rendered: dict[str,
     assert {c["image"] for c in containers} <= built
     assert {c["imagePullPolicy"] for c in containers} == {"Never"}  # podman kube play pulls nothing
     values = yaml.safe_load((CHART / "ci" / "local-cpu-values.yaml").read_text())
-    harness = next(spec.ref for spec in IMAGES if spec.name == "harness")
-    assert any(fnmatch.fnmatchcase(harness, pattern) for pattern in values["controller"]["allowedImages"])
+    patterns = values["controller"]["allowedImages"]
+    for name in ("harness", "harness:demo", "task"):  # a task image is the task base's repository
+        ref = IMAGE_BY_NAME[name].ref.replace(":cpu", ":some-instance" if name == "task" else ":cpu")
+        assert any(fnmatch.fnmatchcase(ref, pattern) for pattern in patterns), ref
 
 
 SHARED_IMAGE = ("ghcr.io/harnessrl/harnessrl:0.1.0", "IfNotPresent")  # values.yaml's `image`
@@ -954,7 +956,10 @@ def test_the_controller_and_the_reward_service_may_act_only_in_the_episode_names
     assert (env["HRL_REWARD_SANDBOX"], env["HRL_REWARD_NAMESPACE"]) == ("kubernetes", f"{NS}-episodes")
     controller_env = container_env(service_pod(docs, "controller")["containers"][0])
     assert controller_env["HRL_CONTROLLER_IN_CLUSTER"] == "true"
-    assert json.loads(controller_env["HRL_CONTROLLER_ALLOWED_IMAGES"]) == ["localhost/harnessrl-harness:*"]
+    assert json.loads(controller_env["HRL_CONTROLLER_ALLOWED_IMAGES"]) == [
+        "localhost/harnessrl-harness:*",
+        "localhost/harnessrl-task:*",
+    ]
     local = render(*scenario("local-cpu"), "--set", "reward.sandbox=local")
     assert service_pod(local, "reward")["automountServiceAccountToken"] is False
     assert not any(d["kind"] == "Role" and d["metadata"]["name"] == f"{PREFIX}-reward" for d in local)

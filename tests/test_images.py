@@ -19,7 +19,7 @@ from harnessrl.testkit import cluster, cluster_run, pods
 from harnessrl.testkit.cluster import CLUSTER_NET, EPISODE_NET, LocalCluster
 from harnessrl.testkit.images import IMAGE_BY_NAME, IMAGES, Built, build_images
 
-# Needs the container images (`make images`: about 30 minutes the first time on a small machine):
+# Needs the container images (`make images`: about 9 minutes the first time on 2 cores):
 # run by `make cluster-check`, not `make test`.
 pytestmark = pytest.mark.images
 

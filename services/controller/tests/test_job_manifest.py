@@ -81,6 +81,7 @@ def test_job_has_every_hardening_field(swe_request: Any) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert {v["name"]: v for v in pod["volumes"]}["workspace"] == {"name": "workspace", "emptyDir": {}}
     assert [c["name"] for c in pod["initContainers"]] == ["workspace"]
+    assert pod["initContainers"][0]["command"] == ["cp", "-R", "/testbed/.", "/workspace/"]
     for container in (*pod["initContainers"], *pod["containers"]):
         security = container["securityContext"]
         assert security["allowPrivilegeEscalation"] is False and security["privileged"] is False
@@ -96,6 +97,11 @@ def test_job_has_every_hardening_field(swe_request: Any) -> None:
     harness = pod["containers"][0]
     assert harness["command"][:4] == ["python", "-m", "harnessrl.controller.episode_runner", "--"]
     env = {item["name"]: item for item in harness["env"]}
+    # git works in the copied repository though the workspace folder is root's.
+    assert {k: env[k]["value"] for k in ("GIT_CONFIG_KEY_0", "GIT_CONFIG_VALUE_0")} == {
+        "GIT_CONFIG_KEY_0": "safe.directory",
+        "GIT_CONFIG_VALUE_0": "/workspace",
+    }
     for name in ("HARNESSRL_EPISODE_KEY",):
         assert "value" not in env[name] and env[name]["valueFrom"]["secretKeyRef"]["key"] == name
     assert "hrl_secret-key" not in yaml.safe_dump(job)

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.controller.task_files import TaskFileError, harness_view, load_tasks
+from harnessrl.controller.task_files import (
+    TaskFileError,
+    check_repository_sources,
+    harness_view,
+    load_tasks,
+)
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
 
 GOOD = """
@@ -94,7 +99,8 @@ def test_task_rows_of_both_shapes(tasks_file: Path) -> None:
         ('{"prompt": "x"}', "needs `task_id`"),
         ('{"task_id": "a", "prompt": ""}', "empty `prompt`"),
         ('{"task_id": "a", "prompt": "x", "kind": "essay"}', "$.kind"),
-        ('{"instance_id": "i", "problem_statement": "p"}', "lacks repo_path"),
+        ('{"instance_id": "i", "problem_statement": "p"}', "lacks repo_path or image"),
+        ('{"task_id": "i", "kind": "swe", "prompt": "p"}', "needs `instance.repo_path` or `instance.image`"),
         ('{"task_id": "a", "prompt": "x"}\n{"task_id": "a", "prompt": "y"}', ":2: duplicate task id"),
         ("", "no tasks"),
     ],
@@ -103,3 +109,18 @@ def test_bad_task_rows_name_file_and_line(tmp_path: Path, row: str, message: str
     with pytest.raises(TaskFileError) as caught:
         load_tasks(write(tmp_path, "t.jsonl", row + "\n"))
     assert message in str(caught.value)
+
+
+def test_each_launcher_needs_the_repository_source_it_copies(tmp_path: Path) -> None:
+    """A checkout for local episodes, a task image for Jobs: without it an episode sees no repo."""
+    rows = [
+        {"instance_id": "a__1", "problem_statement": "Fix", "repo_path": "repos/a"},
+        {"instance_id": "b__2", "problem_statement": "Fix", "image": "registry.local/task:b-2"},
+    ]
+    tasks = load_tasks(write(tmp_path, "t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n"))
+    with pytest.raises(TaskFileError, match=r"lack `instance.repo_path`.*local launcher.*'b__2'"):
+        check_repository_sources(tasks, "local", "run r")
+    with pytest.raises(TaskFileError, match=r"lack `instance.image`.*kubernetes launcher.*'a__1'"):
+        check_repository_sources(tasks, "kubernetes", "run r")
+    check_repository_sources(tasks[:1], "local", "run r")
+    check_repository_sources(tasks[1:], "kubernetes", "run r")

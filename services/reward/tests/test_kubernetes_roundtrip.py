@@ -1,66 +1,21 @@
-"""KubernetesGrader against a minimal test-only API server, with the official client.
+"""KubernetesGrader against the test kit's fake API server, with the official client.
 
-The fake stores what the client creates, reports the Job finished on the watch, and serves the
-pod log the real pod runner produced on a local checkout (see test_kubernetes_grading).
+A task stands in for the Job controller and the kubelet: it sets the Job's pod log (what the
+pod runner prints, see test_kubernetes_grading) and completes the Job; the grader reads that
+log back and deletes what it created.
 """
 
-import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import asyncio
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes import client
 
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.kube import KubernetesGrader, config_map, grading_job, parse_pod_output
 from harnessrl.reward.swe.patchfile import parse_patch
-
-
-class FakeApi(ThreadingHTTPServer):
-    def __init__(self, log: str) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.log = log
-        self.created: list[dict[str, Any]] = []
-        self.deleted: list[str] = []
-
-
-class Handler(BaseHTTPRequestHandler):
-    server: FakeApi
-
-    def log_message(self, *args: Any) -> None:
-        return
-
-    def _send(self, body: bytes, kind: str = "application/json") -> None:
-        self.send_response(200 if self.command != "POST" else 201)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.created.append(body)
-        self._send(json.dumps(body).encode())
-
-    def do_DELETE(self) -> None:
-        self.server.deleted.append(self.path.split("?")[0])
-        self._send(b'{"kind":"Status","apiVersion":"v1","status":"Success"}')
-
-    def do_GET(self) -> None:
-        path = self.path.split("?")[0]
-        if path.endswith("/jobs"):  # the watch: one event, the Job has succeeded
-            job = {**self.server.created[1], "status": {"succeeded": 1}}
-            self._send(json.dumps({"type": "MODIFIED", "object": job}).encode() + b"\n")
-        elif path.endswith("/pods"):
-            pod = {"metadata": {"name": "grade-pod-1", "namespace": "grading"}}
-            self._send(json.dumps({"kind": "PodList", "apiVersion": "v1", "items": [pod]}).encode())
-        elif path.endswith("/log"):
-            self._send(self.server.log.encode(), "text/plain")
-        else:
-            self.send_error(404)
-
+from harnessrl.testkit.fake_kube import FakeKubeServer
 
 LOG = (
     ">>>>> Strategy: git-apply\n>>>>> Start Test Output\nPASSED tests/test_a.py::test_x\n"
@@ -68,29 +23,72 @@ LOG = (
 )
 
 
-@pytest.fixture
-def fake_api() -> Iterator[FakeApi]:
-    server = FakeApi(LOG)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
+async def _play_the_job_controller(api: str, log: str) -> None:
+    """Each new grading Job: its pod's log set, then the Job completed (what a kubelet would do)."""
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(f"{api}/apis/batch/v1/namespaces/grading/jobs") as answer:
+                jobs = (await answer.json())["items"]
+            for job in (j for j in jobs if not j.get("status", {}).get("conditions")):
+                name = job["metadata"]["name"]
+                await asyncio.sleep(0.3)  # the pod runs a while before its log is complete
+                query = {"labelSelector": f"job-name={name}"}
+                async with http.get(f"{api}/api/v1/namespaces/grading/pods", params=query) as answer:
+                    (pod,) = (await answer.json())["items"]
+                await http.post(f"{api}/fake/v1/pods/grading/{pod['metadata']['name']}/log", data=log)
+                await http.post(f"{api}/fake/v1/jobs/grading/{name}/complete")
+            await asyncio.sleep(0.05)
 
 
-async def test_job_round_trip_with_the_official_client(fake_api: FakeApi, calc_row: dict[str, Any]) -> None:
-    config = client.Configuration()
-    config.host = f"http://127.0.0.1:{fake_api.server_address[1]}"
-    grader = KubernetesGrader("grading", client.ApiClient(config))
-    instance = SweInstance.from_row({**calc_row, "image": "registry.local/tinyswe/calc:0.1"})
-    test_patch = parse_patch(instance.test_patch.encode())
-    objects = [
-        config_map("grade-x", "grading", instance, parse_patch(instance.patch.encode()), test_patch),
-        grading_job("grade-x", "grading", instance),
-    ]
-    log = await grader.run("grade-x", objects, timeout_s=10)
-    assert parse_pod_output(log).exit_code == 0
-    assert [o["kind"] for o in fake_api.created] == ["ConfigMap", "Job"]
-    assert sorted(fake_api.deleted) == [
-        "/api/v1/namespaces/grading/configmaps/grade-x",
-        "/apis/batch/v1/namespaces/grading/jobs/grade-x",
-    ]
+async def test_job_round_trip_with_the_official_client(calc_row: dict[str, Any]) -> None:
+    server = FakeKubeServer()
+    url = await server.start()
+    kubelet = asyncio.create_task(_play_the_job_controller(url, LOG))
+    try:
+        config = client.Configuration()
+        config.host = url
+        grader = KubernetesGrader("grading", client.ApiClient(config))
+        store = server.api.store
+        instance = SweInstance.from_row({**calc_row, "image": "registry.local/tinyswe/calc:0.1"})
+        test_patch = parse_patch(instance.test_patch.encode())
+        objects = [
+            config_map("grade-x", "grading", instance, parse_patch(instance.patch.encode()), test_patch),
+            grading_job("grade-x", "grading", instance),
+        ]
+        # An earlier grading's Job, finished, in the same namespace: the grader waits for its own.
+        earlier = grading_job("grade-earlier", "grading", instance)
+        batch = client.BatchV1Api(grader.api_client)
+        await asyncio.to_thread(batch.create_namespaced_job, "grading", earlier)
+        while not store.get("jobs", "grading", "grade-earlier").get("status", {}).get("succeeded"):
+            await asyncio.sleep(0.05)
+        log = await grader.run("grade-x", objects, timeout_s=10)
+        assert parse_pod_output(log).exit_code == 0
+        assert sorted(key.split("/")[0] for key in store.creates) == [
+            "configmaps",
+            "jobs",
+            "jobs",
+            "pods",
+            "pods",
+        ]
+        # Both objects are gone afterwards (the Job's pod with it).
+        assert store.select("configmaps", "grading", "") == []
+        assert [job["metadata"]["name"] for job in store.select("jobs", "grading", "")] == ["grade-earlier"]
+    finally:
+        kubelet.cancel()
+        await server.stop()
+
+
+async def test_a_field_selector_the_server_cannot_select_is_refused() -> None:
+    server = FakeKubeServer()
+    url = await server.start()
+    try:
+        config = client.Configuration()
+        config.host = url
+        batch = client.BatchV1Api(client.ApiClient(config))
+        with pytest.raises(client.ApiException) as refused:
+            await asyncio.to_thread(
+                batch.list_namespaced_job, "grading", field_selector="status.phase=Running"
+            )
+        assert refused.value.status == 400 and "field label not supported" in str(refused.value.body)
+    finally:
+        await server.stop()

@@ -3,18 +3,25 @@
 1. `make images` (cached by input hash).
 2. `helm template` with `charts/harnessrl/ci/local-cpu-values.yaml`; every Deployment and StatefulSet
    replica runs as a podman container with its own image, command, env, volumes, probes and security
-   context (`harnessrl.testkit.cluster`); Services are network aliases, the API server is the fake
-   Kubernetes API (`harnessrl.testkit.fake_kube`) on this machine's address on the service network.
+   context (`harnessrl.testkit.cluster`); a ClusterIP Service is a proxy container that sends each
+   connection to the next of its pods (the kube-proxy stand-in), a headless one network aliases;
+   the API server is the fake Kubernetes API (`harnessrl.testkit.fake_kube`) on this machine's
+   address on the service network.
 3. Each pod must pass its readiness (else liveness) probe; each service container must run as a
    non-root user on a read-only root (checked inside it: a write to / fails).
-4. A hardened container on the episode network (which only the gateways join) must reach the
-   gateway and nothing else: NATS, vLLM, the controller, the reward worker, the trainer, the API server.
-5. One short training run end to end (`harnessrl.testkit.cluster_run`): episodes as Jobs the
-   controller creates, run by the test kit's job runner as hardened containers on the episode
-   network, through both gateway replicas; at least two trainer steps; new weights served.
+4. A hardened container on the episode network (which only the gateway Service's proxy joins) must
+   reach the gateway and nothing else: NATS, vLLM, the controller, the reward worker, the trainer,
+   the API server.
+5. One short training run end to end (`harnessrl.testkit.cluster_run`) from the demo's
+   warm-started model: episodes as Jobs the controller creates, run by the test kit's job runner
+   as hardened containers on the networks their NetworkPolicies allow, through both gateway
+   replicas; a SWE instance's episodes copy its repository from a task image (init container) and
+   their patches are graded in the reward service's grading Jobs (no network; the grader reads the
+   pod log); at least two trainer steps; new weights served.
 
 The last line is one JSON object: images, pods_ready, episodes_completed, steps, gateway_replicas,
-spans_missing, episode_egress_blocked (plus failures and seconds). Exit status 1 when a check fails.
+spans_missing, episode_egress_blocked (plus patches_graded, failures and seconds). Exit status 1
+when a check fails.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ def main() -> None:
     start = time.monotonic()
     report: dict[str, Any] = {
         "images": 0, "pods_ready": 0, "episodes_completed": 0, "steps": 0, "gateway_replicas": 0,
-        "spans_missing": None, "episode_egress_blocked": False, "failures": [],
+        "spans_missing": None, "episode_egress_blocked": False, "patches_graded": 0, "failures": [],
     }  # fmt: skip
     try:
         report["images"] = len(build_images())

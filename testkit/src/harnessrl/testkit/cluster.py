@@ -2,19 +2,19 @@
 
 `render()` runs the real `helm template`; `LocalCluster` starts every Deployment and StatefulSet
 replica as podman containers (`pods.run_args`: the pod spec's image, command, env, volumes,
-security context and limits), on a podman network where each pod answers to the DNS names its
-Services give it (`<svc>`, `<svc>.<ns>.svc`, and `<pod>.<svc>...` for StatefulSet pods): network
-aliases stand in for Services and kube-proxy. Episode pods get a second network that only the
-gateway pods join, both networks `--internal` (no route out, none to the other network), standing
-in for the episode NetworkPolicy. A pod is ready when its readiness probe (else its liveness
-probe) passes from this machine against the pod's address.
-
-The chart names one image for every harnessrl service; `IMAGE_OF` maps it to the per-service
-image `make images` builds (until the chart takes an image per service).
+security context and limits), on a podman network. A ClusterIP Service is a proxy container
+(`service_proxy.py`, the stand-in for kube-proxy) that holds the Service's DNS names (`<svc>`,
+`<svc>.<ns>.svc`, ...) and sends each new connection to the next of its pods; a headless Service's
+names (and `<pod>.<svc>...` for StatefulSet pods) are network aliases of the pods themselves, as
+cluster DNS answers them. Episode pods get a second network that only the gateway Service's proxy
+joins, both networks `--internal` (no route out, none to the other network), standing in for the
+episode NetworkPolicy. A pod is ready when its readiness probe (else its liveness probe) passes
+from this machine against the pod's address.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from harnessrl.testkit import pods
+from harnessrl.testkit.images import PODMAN_FLAGS, base_ref
 from harnessrl.testkit.tools import HELM
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -39,6 +40,7 @@ MAX_RESTARTS = 3
 CLUSTER_NET = "hrl-cluster"
 EPISODE_NET = "hrl-episodes"
 COMPONENT = "app.kubernetes.io/component"
+PROXY_SCRIPT = Path(__file__).with_name("service_proxy.py")
 
 
 class ClusterError(RuntimeError):
@@ -102,20 +104,56 @@ def workloads(objects: Sequence[Mapping[str, Any]]) -> list[Workload]:
     return found
 
 
-def service_aliases(objects: Sequence[Mapping[str, Any]], labels: Mapping[str, str], pod: str) -> list[str]:
-    """DNS names Services give a pod: every Service selecting it, and its StatefulSet pod name."""
-    names: list[str] = []
+def services_of(objects: Sequence[Mapping[str, Any]], labels: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The Services whose selector picks pods with these labels."""
+    found = []
     for obj in objects:
-        if obj.get("kind") != "Service":
-            continue
-        selector = obj["spec"].get("selector") or {}
-        if not selector or any(labels.get(k) != v for k, v in selector.items()):
-            continue
-        svc = obj["metadata"]["name"]
-        names += _dns(svc)
-        if obj["spec"].get("clusterIP") == "None":
-            names += _dns(f"{pod}.{svc}")
+        selector = (obj["spec"].get("selector") or {}) if obj.get("kind") == "Service" else {}
+        if selector and all(labels.get(k) == v for k, v in selector.items()):
+            found.append(dict(obj))
+    return found
+
+
+def headless(service: Mapping[str, Any]) -> bool:
+    """Whether cluster DNS answers the Service with its pods' own addresses."""
+    return bool(service["spec"].get("clusterIP") == "None")
+
+
+def service_aliases(objects: Sequence[Mapping[str, Any]], labels: Mapping[str, str], pod: str) -> list[str]:
+    """DNS names that resolve to the pod itself: headless Services and its StatefulSet pod name."""
+    names: list[str] = []
+    for svc in (s["metadata"]["name"] for s in services_of(objects, labels) if headless(s)):
+        names += _dns(svc) + _dns(f"{pod}.{svc}")
     return sorted(set(names))
+
+
+def job_networks(objects: Sequence[Mapping[str, Any]], labels: Mapping[str, str]) -> dict[str, list[str]]:
+    """The networks standing in for the NetworkPolicies that select a Job's pod (by its labels).
+
+    A policy that allows egress (the episode policy: the gateway and DNS) is the episode network,
+    where only the gateway Service answers; a pod only deny-all policies select gets no network.
+    """
+    allowed = False
+    for obj in objects:
+        if obj.get("kind") != "NetworkPolicy":
+            continue
+        wanted = (obj["spec"].get("podSelector") or {}).get("matchLabels") or {}
+        if wanted and all(labels.get(k) == v for k, v in wanted.items()):
+            allowed = allowed or bool(obj["spec"].get("egress"))
+    return {EPISODE_NET: []} if allowed else {}
+
+
+def proxy_config(
+    service: Mapping[str, Any], main: Mapping[str, Any], backends: Sequence[str]
+) -> dict[str, Any]:
+    """The proxy's listeners: each Service port to its target port on every backend container."""
+    named = {p.get("name"): int(p["containerPort"]) for p in main.get("ports") or []}
+    listeners = []
+    for port in service["spec"]["ports"]:
+        target = port.get("targetPort", port["port"])
+        target_port = named[target] if isinstance(target, str) else int(target)
+        listeners.append({"port": int(port["port"]), "backends": [[b, target_port] for b in backends]})
+    return {"listeners": listeners}
 
 
 def _dns(name: str) -> list[str]:
@@ -145,6 +183,8 @@ class LocalCluster:
     # Claim name -> (folder inside it, folder to copy there) before the pods start (the model).
     seed: Mapping[str, tuple[str, Path]] = field(default_factory=dict)
     pods: list[RunningPod] = field(default_factory=list)
+    # The Service proxies' container names, by Service name.
+    proxies: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.refs = pods.Objects()
@@ -201,8 +241,6 @@ class LocalCluster:
         for pod in workload.pod_names():
             labels = workload.template["metadata"].get("labels") or {}
             networks: dict[str, list[str]] = {CLUSTER_NET: service_aliases(self.objects, labels, pod)}
-            if workload.component == "gateway":
-                networks[EPISODE_NET] = networks[CLUSTER_NET]
             place = pods.PodPlace(
                 pod, NAMESPACE, networks, self.state / "pods" / pod, self.claims(workload, pod),
                 self.env.get(workload.component, {}),
@@ -216,7 +254,40 @@ class LocalCluster:
             running = RunningPod(pod, workload.component, f"{pod}-{main['name']}", spec, main)
             self.pods.append(running)
             started.append(running)
+        self._start_proxies(workload, started)
         return started
+
+    def _start_proxies(self, workload: Workload, started: Sequence[RunningPod]) -> None:
+        """A proxy container for each ClusterIP Service in front of the workload's pods."""
+        labels = workload.template["metadata"].get("labels") or {}
+        for service in services_of(self.objects, labels):
+            name = service["metadata"]["name"]
+            if headless(service) or name in self.proxies:
+                continue
+            config = proxy_config(service, started[0].main, [p.container for p in started])
+            aliases = ",".join(f"alias={a}" for a in _dns(name))
+            networks = [CLUSTER_NET, EPISODE_NET] if workload.component == "gateway" else [CLUSTER_NET]
+            container = f"svc-{name}"
+            subprocess.run(["podman", "rm", "-f", container], capture_output=True, check=False)
+            _podman(
+                "run", "-d", *PODMAN_FLAGS, "--name", container, "--restart", "always",
+                *(flag for net in networks for flag in ("--network", f"{net}:{aliases}")),
+                "--user", "65532:65532", "--read-only", "--read-only-tmpfs=false", "--cap-drop", "ALL",
+                "--security-opt", "no-new-privileges", "--memory", "64m",
+                "--mount", f"type=bind,source={PROXY_SCRIPT},destination=/proxy/service_proxy.py,ro",
+                "--entrypoint", '["python3"]', base_ref("py"), "/proxy/service_proxy.py", json.dumps(config),
+            )  # fmt: skip
+            self.proxies[name] = container
+
+    def proxy_connections(self, service: str) -> dict[str, int]:
+        """How many connections a Service's proxy sent to each backend container (from its log)."""
+        log = _podman("logs", self.proxies[service], check=False)
+        counts: dict[str, int] = {}
+        for line in log.splitlines():
+            if line.startswith("connect "):
+                backend = line.rsplit(" ", 1)[1].rsplit(":", 1)[0]
+                counts[backend] = counts.get(backend, 0) + 1
+        return counts
 
     def wait_ready(self, group: Sequence[RunningPod], timeout_s: float) -> None:
         """Poll each pod's readiness (else liveness) probe until all pass; raise on timeout or exit."""
@@ -277,8 +348,8 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Remove every container this cluster started, then its networks."""
-        for pod in self.pods:
-            subprocess.run(["podman", "rm", "-f", "-t", "5", pod.container], capture_output=True, check=False)
+        for container in [*self.proxies.values(), *(pod.container for pod in self.pods)]:
+            subprocess.run(["podman", "rm", "-f", "-t", "5", container], capture_output=True, check=False)
         for net in (CLUSTER_NET, EPISODE_NET):
             subprocess.run(["podman", "network", "rm", "-f", net], capture_output=True, check=False)
 

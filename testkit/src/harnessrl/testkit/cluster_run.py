@@ -1,22 +1,29 @@
-"""One short training run through a `LocalCluster`: the fake API server, episode Jobs as containers.
+"""One short training run through a `LocalCluster`: the fake API server, Jobs as containers.
 
 `TrainingRun.kube_api()` serves the fake Kubernetes API on this machine's address on the service
-network and runs `EpisodeJobs` beside it: every Job the controller creates is started as a
-container of its own pod spec (the hardened security context, its Secret's episode key through
-`secretKeyRef`, emptyDir workspace and /tmp) on the episode network, where only the gateways are
-reachable; its exit code ends the Job through the fake API's hooks, as the Job controller would.
-`train()` submits the demo's multiplication run with the Kubernetes launcher through the control
-API and waits for two trainer steps, then reads what happened off the bus and the pods' metrics.
+network and runs `EpisodeJobs` beside it, the stand-in for the Job controller and the kubelet:
+every Job created there (the controller's episode Jobs and the reward service's grading Jobs) is
+started as containers of its own pod spec, init containers first (the hardened security context,
+Secrets through `secretKeyRef`, ConfigMap volumes, emptyDir workspace and /tmp), on the network the
+chart's NetworkPolicies give its labels (episodes: only the gateway Service; grading: none); its
+output becomes the pod's log and its exit code ends the Job through the fake API's hooks.
+`train()` submits a run with the Kubernetes launcher through the control API: a SWE instance
+whose repository is baked into a task image, then the demo's multiplication tasks for the
+demo's warm-started model. It waits for two trainer steps, then reads what happened off the bus
+and the pods' metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import shlex
 import subprocess
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,20 +35,26 @@ import yaml
 
 from harnessrl.shared import subjects
 from harnessrl.shared.bus.nats import NatsBus
+from harnessrl.shared.cache import build_once, cache_root
 from harnessrl.shared.contracts import (
+    EpisodeFailed,
+    EpisodeScored,
     LauncherSpec,
     RolloutComplete,
     RunSpec,
     StepMetrics,
+    TaskSpec,
     WeightVersion,
     decode,
+    decode_event,
 )
+from harnessrl.stack.demo import swe_tasks
 from harnessrl.stack.demo.tasks import task_spec, training_pairs, write_tasks
 from harnessrl.testkit import cluster, pods
-from harnessrl.testkit.cluster import CLUSTER_NET, EPISODE_NET, NAMESPACE, LocalCluster, free_port
+from harnessrl.testkit.cluster import CLUSTER_NET, NAMESPACE, LocalCluster, free_port
 from harnessrl.testkit.controller_client import ask, completed
 from harnessrl.testkit.fake_kube import FakeKubeServer
-from harnessrl.testkit.images import IMAGE_BY_NAME
+from harnessrl.testkit.images import IMAGE_BY_NAME, PODMAN_FLAGS, podman
 
 RUN = "demo"  # the chart's local-cpu `trainer.run`
 EPISODE_NAMESPACE = f"{NAMESPACE}-episodes"
@@ -49,7 +62,8 @@ RUN_CONFIGMAP = "hrl-cluster-check-run"
 RUN_MOUNT = "/run-spec"
 STEPS = 2
 GROUP_SIZE = 4
-TASKS_PER_STEP = 2
+# A step's groups: the SWE instance and two multiplication tasks in the first, three of these next.
+TASKS_PER_STEP = 3
 TRAIN_TIMEOUT_S = 900.0
 SERVICE_ORDER = ("gateway", "controller", "reward", "trainer")
 READY_TIMEOUT_S = 900.0
@@ -61,6 +75,8 @@ class EpisodeJobs:
 
     api_url: str
     state: Path
+    # The rendered chart: its NetworkPolicies decide each Job pod's network.
+    objects: list[dict[str, Any]]
     started: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     concluded: set[str] = field(default_factory=set)
     failed_logs: list[str] = field(default_factory=list)
@@ -86,47 +102,71 @@ class EpisodeJobs:
                 self.concluded.add(name)
 
     def _launch(self, job: dict[str, Any]) -> subprocess.Popen[bytes]:
+        """The Job's pod: its init containers one after the other, then its first container."""
         name = job["metadata"]["name"]
         pod = job["spec"]["template"]["spec"]
+        labels = job["spec"]["template"].get("metadata", {}).get("labels") or {}
+        networks = cluster.job_networks(self.objects, labels)
+        place = pods.PodPlace(name, EPISODE_NAMESPACE, networks, self.state / "jobs" / name)
+        objects = self._referenced(pod)
+        steps = [
+            pods.run_args(pod, container, objects, place, image=container["image"], detach=False)
+            for container in [*pod.get("initContainers", []), pod["containers"][0]]
+        ]
+        deadline = int(job["spec"].get("activeDeadlineSeconds", 600))
+        (self.state / "jobs").mkdir(parents=True, exist_ok=True)
+        log = (self.state / "jobs" / f"{name}.log").open("wb")
+        script = " && ".join(shlex.join(step) for step in steps)
+        return subprocess.Popen(["timeout", str(deadline), "sh", "-c", script], stdout=log, stderr=log)
+
+    def _referenced(self, pod: dict[str, Any]) -> pods.Objects:
+        """The Secrets (by `secretKeyRef`) and ConfigMaps (by volume) the pod needs, from the API."""
         objects = pods.Objects()
-        for container in pod["containers"]:
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
             for item in container.get("env") or []:
                 ref = (item.get("valueFrom") or {}).get("secretKeyRef")
                 if ref and ref["name"] not in objects.secrets:
                     objects.add(self._get(f"/api/v1/namespaces/{EPISODE_NAMESPACE}/secrets/{ref['name']}"))
-        place = pods.PodPlace(name, EPISODE_NAMESPACE, {EPISODE_NET: []}, self.state / "jobs" / name)
-        if pod.get("initContainers"):
-            raise pods.PodError(f"job {name}: init containers are not carried over")
-        harness = pod["containers"][0]
-        args = pods.run_args(pod, harness, objects, place, image=harness["image"], detach=False)
-        deadline = int(job["spec"].get("activeDeadlineSeconds", 600))
-        (self.state / "jobs").mkdir(parents=True, exist_ok=True)
-        log = (self.state / "jobs" / f"{name}.log").open("wb")
-        return subprocess.Popen(["timeout", str(deadline), *args], stdout=log, stderr=log)
+        for volume in pod.get("volumes") or []:
+            if "configMap" in volume:
+                ref = volume["configMap"]["name"]
+                objects.add(self._get(f"/api/v1/namespaces/{EPISODE_NAMESPACE}/configmaps/{ref}"))
+        return objects
 
     def _conclude(self, name: str, code: int) -> None:
+        """The pod's log as the API serves it (a grader reads it), then the Job's end."""
+        log = self.state / "jobs" / f"{name}.log"
+        text = log.read_bytes() if log.exists() else b""
+        selector = urllib.parse.quote(f"job-name={name}")
+        for item in self._get(f"/api/v1/namespaces/{EPISODE_NAMESPACE}/pods?labelSelector={selector}")[
+            "items"
+        ]:
+            self._post(f"/fake/v1/pods/{EPISODE_NAMESPACE}/{item['metadata']['name']}/log", text)
         if code == 0:
             self._post(f"/fake/v1/jobs/{EPISODE_NAMESPACE}/{name}/complete")
             return
         reason = "DeadlineExceeded" if code == 124 else "PodFailurePolicy"
         self._post(f"/fake/v1/jobs/{EPISODE_NAMESPACE}/{name}/fail?reason={reason}&exitCode={code}")
-        log = self.state / "jobs" / f"{name}.log"
-        self.failed_logs.append(f"{name} exit {code}: {log.read_text()[-600:] if log.exists() else ''}")
+        self.failed_logs.append(f"{name} exit {code}: {text[-600:].decode(errors='replace')}")
 
     def _get(self, path: str) -> dict[str, Any]:
         with urllib.request.urlopen(self.api_url + path, timeout=10) as answer:  # noqa: S310 - the fake API we started
             body: dict[str, Any] = json.loads(answer.read())
             return body
 
-    def _post(self, path: str) -> None:
-        request = urllib.request.Request(self.api_url + path, data=b"", method="POST")  # noqa: S310
+    def _post(self, path: str, body: bytes = b"") -> None:
+        request = urllib.request.Request(self.api_url + path, data=body, method="POST")  # noqa: S310
         with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - the fake API we started
             answer.read()
 
     def remove_containers(self) -> None:
-        """Remove every episode container (they are named after their Jobs)."""
+        """Remove every Job's containers (labelled with their pod's name, the Job's)."""
         for name in self.started:
-            subprocess.run(["podman", "rm", "-f", f"{name}-harness"], capture_output=True, check=False)
+            subprocess.run(
+                ["podman", "rm", "-f", "--filter", f"label=io.harnessrl.pod={name}"],
+                capture_output=True,
+                check=False,
+            )
 
 
 @dataclass
@@ -135,6 +175,7 @@ class TrainingRun:
 
     state: Path
     jobs: EpisodeJobs | None = None
+    swe_task_id: str = ""
 
     def values_file(self) -> Path:
         """Extra chart values: the run's task file reaches the controller as a ConfigMap volume."""
@@ -149,12 +190,59 @@ class TrainingRun:
         path.write_text(yaml.safe_dump(values))
         return path
 
-    def objects(self) -> list[dict[str, Any]]:
-        """The ConfigMap with the run's tasks (a user would `kubectl create configmap`)."""
-        count = STEPS * TASKS_PER_STEP * 2
-        tasks = write_tasks(
-            self.state / "tasks.jsonl", (task_spec(a, b) for a, b in training_pairs(count, seed=11))
+    @staticmethod
+    def warm_model() -> Path:
+        """The tiny model after the demo's warm start (cached per machine).
+
+        Untrained, it answers no multiplication: every group's rewards are all 0, nothing to train
+        on. After the demo's warm start it answers about 27% sampled, so most groups carry reward
+        variance (`make demo` measures it).
+        """
+        from harnessrl.stack.demo import run, tasks  # torch: imported only when run
+        from harnessrl.stack.demo.tiny_model import cached_tiny_model
+
+        settings = run.DemoSettings(run=RUN)
+        inputs = (
+            Path(tasks.__file__).read_bytes() + f"{settings.warm_steps} {settings.warm_examples}".encode()
         )
+        target = cache_root() / f"cluster-check-warm-{hashlib.sha256(inputs).hexdigest()[:16]}"
+        done = build_once(
+            target,
+            lambda staging: run.warm_start(staging, cached_tiny_model(), settings),
+            done="demo/warm/config.json",
+        )
+        return done / "demo" / "warm"
+
+    def swe_task(self) -> TaskSpec:
+        """An instance of the coding demo's family, its repository at /testbed of a task image."""
+        (spec,) = swe_tasks.instance_specs("train", 1)
+        context = self.state / "task-image"
+        row = swe_tasks.write_instance(spec, context / "repos")
+        # At the base commit, as SWE-bench images hold /testbed (written, it is at its first).
+        repo = context / "repos" / spec.name
+        subprocess.run(["git", "-C", str(repo), "checkout", "-q", "--detach", row["base_commit"]], check=True)
+        (context / "Containerfile").write_text(
+            f"FROM {IMAGE_BY_NAME['task'].ref}\nCOPY repos/{spec.name} /testbed\n"
+        )
+        ref = f"{IMAGE_BY_NAME['task'].ref.rsplit(':', 1)[0]}:{spec.name.replace('_', '-')}"
+        podman("build", *PODMAN_FLAGS, "--network", "none", "--quiet", "-t", ref, str(context))
+        instance = {k: v for k, v in row.items() if k != "repo_path"} | {"image": ref, "workdir": "/testbed"}
+        self.swe_task_id = row["instance_id"]
+        return TaskSpec(
+            task_id=row["instance_id"], kind="swe", prompt=row["problem_statement"], grader="swebench",
+            instance=instance,
+        )  # fmt: skip
+
+    def objects(self) -> list[dict[str, Any]]:
+        """The ConfigMap with the run's tasks (a user would `kubectl create configmap`).
+
+        The first task is a SWE instance: its episodes' patches are graded in grading Jobs. The
+        demo's multiplication tasks follow, which the warm-started model answers well enough that
+        their groups carry reward variance to train on.
+        """
+        count = STEPS * TASKS_PER_STEP * 2
+        multiplication = (task_spec(a, b) for a, b in training_pairs(count, seed=11))
+        tasks = write_tasks(self.state / "tasks.jsonl", [self.swe_task(), *multiplication])
         return [
             {
                 "apiVersion": "v1",
@@ -165,14 +253,15 @@ class TrainingRun:
         ]
 
     @contextlib.contextmanager
-    def kube_api(self, host: str) -> Iterator[str]:
-        """The fake API server on `host` and the episode job runner, for the block's duration."""
+    def kube_api(self, local: LocalCluster) -> Iterator[str]:
+        """The fake API server on the service network and the Job runner, for the block's duration."""
+        host = local.gateway_ip()
         loop = asyncio.new_event_loop()
         server = FakeKubeServer(host=host, port=free_port(host))
         thread = threading.Thread(target=loop.run_forever, daemon=True)
         thread.start()
         url = asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
-        self.jobs = EpisodeJobs(url, self.state)
+        self.jobs = EpisodeJobs(url, self.state, local.objects)
         runner = threading.Thread(target=self.jobs.run_forever, daemon=True)
         runner.start()
         try:
@@ -232,9 +321,13 @@ class TrainingRun:
             seen["weight_versions"] = versions
             seen["episodes_completed"] = await completed(bus, RUN)
             seen["spans_missing"] = await _spans_missing(bus)
+            seen["swe_outcomes"] = await _swe_outcomes(bus, self.swe_task_id)
+            seen["patches_graded"] = seen["swe_outcomes"].get("graded-in-job", 0)
         finally:
             await bus.close()
         seen["gateway_calls"] = _gateway_calls(local)
+        if not seen.get("patches_graded"):
+            failures.append("no SWE patch was graded in a grading Job")
         if sum(1 for calls in seen["gateway_calls"].values() if calls > 0) < 2:
             failures.append(f"episodes did not go through two gateway replicas: {seen['gateway_calls']}")
         if self.jobs is not None:
@@ -262,11 +355,9 @@ class TrainingRun:
 @contextlib.contextmanager
 def running_cluster(run: TrainingRun) -> Iterator[tuple[LocalCluster, str]]:
     """The local-cpu scenario's pods, every one ready, and the fake API's URL; removed afterwards."""
-    from harnessrl.stack.demo.tiny_model import cached_tiny_model  # torch: imported only when run
-
     objects = cluster.render(values=(cluster.LOCAL_CPU_VALUES, run.values_file()))
     objects += run.objects()
-    local = LocalCluster(objects, run.state, seed={"hrl-harnessrl-models": ("tiny", cached_tiny_model())})
+    local = LocalCluster(objects, run.state, seed={"hrl-harnessrl-models": ("tiny", run.warm_model())})
     by_component = {w.component: w for w in cluster.workloads(objects)}
     missing = {"nats", "vllm", *SERVICE_ORDER} - set(by_component)
     if missing:
@@ -280,8 +371,11 @@ def running_cluster(run: TrainingRun) -> Iterator[tuple[LocalCluster, str]]:
         # the services start once it serves, which spares this small machine the restarts.
         local.wait_ready(vllm, READY_TIMEOUT_S)
         # The service network's bridge exists once a container joined it: serve the API there.
-        with run.kube_api(local.gateway_ip()) as api_url:
-            local.env = {"controller": {"HRL_CONTROLLER_KUBE_API_URL": api_url}}
+        with run.kube_api(local) as api_url:
+            local.env = {
+                "controller": {"HRL_CONTROLLER_KUBE_API_URL": api_url},
+                "reward": {"HRL_REWARD_KUBE_API_URL": api_url},
+            }
             services = [pod for name in SERVICE_ORDER for pod in local.start(by_component[name])]
             local.wait_ready(services, READY_TIMEOUT_S)
             yield local, api_url
@@ -297,6 +391,24 @@ async def _spans_missing(bus: NatsBus) -> int:
         spans = await bus.replay(subjects.SPANS.name, subjects.span(RUN, rollout.episode))
         missing += max(0, rollout.span_count - len(spans))
     return missing
+
+
+async def _swe_outcomes(bus: NatsBus, task: str) -> dict[str, int]:
+    """How the SWE task's episodes ended: `graded-in-job`, else each grade outcome or failure."""
+    outcomes: dict[str, int] = {}
+    for message in await bus.replay(subjects.EPISODES.name, subjects.episode_events_of_run(RUN)):
+        event = decode_event(message.data)
+        if event.task != task:
+            continue
+        if isinstance(event, EpisodeScored):
+            in_job = event.outcome == "graded" and event.details.get("sandbox") == "kubernetes"
+            key = "graded-in-job" if in_job else f"{event.outcome}: {event.details.get('reason', '')}"[:160]
+        elif isinstance(event, EpisodeFailed):
+            key = f"failed {event.cause}: {event.reason}"[:160]
+        else:
+            continue
+        outcomes[key] = outcomes.get(key, 0) + 1
+    return outcomes
 
 
 def _gateway_calls(local: LocalCluster) -> dict[str, float]:

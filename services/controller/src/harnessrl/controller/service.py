@@ -22,7 +22,7 @@ from harnessrl.controller.records import RunRecord
 from harnessrl.controller.run_driver import RunDriver
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.controller.store import EpisodeStore, always_active
-from harnessrl.controller.task_files import TaskFileError, load_tasks
+from harnessrl.controller.task_files import TaskFileError, check_repository_sources, load_tasks
 from harnessrl.shared import control_api, subjects
 from harnessrl.shared.bus import Bus, Subscription
 from harnessrl.shared.contracts import RunSpec
@@ -133,7 +133,7 @@ class Controller:
                 raise RequestRefusedError(f"this controller does not own run {spec.run!r}")
             if spec.run in self.runs:
                 raise RequestRefusedError(f"run {spec.run!r} already exists")
-            load_tasks(spec.tasks)
+            check_repository_sources(load_tasks(spec.tasks), spec.launcher.kind, f"run {spec.run}")
             check_launcher(
                 spec.launcher,
                 in_cluster=self._settings.in_cluster,

@@ -11,8 +11,12 @@ import msgspec
 from harnessrl.controller.errors import ControllerError
 from harnessrl.shared.contracts import TaskSpec
 
-# SWE-bench rows carry these; `repo_path` (our addition) points at a pristine checkout.
+# SWE-bench rows carry these; where the repository comes from is one of `REPOSITORY_SOURCES`.
 _SWE_REQUIRED = ("instance_id", "problem_statement")
+# Per launcher kind, the instance field an episode's repository comes from: `repo_path` (our
+# addition) a pristine checkout the local launcher copies, `image` a task image with the
+# repository at `workdir` (/testbed by default) that a Job's init container copies.
+REPOSITORY_SOURCES = {"local": "repo_path", "kubernetes": "image"}
 
 
 class TaskFileError(ControllerError):
@@ -59,13 +63,27 @@ def parse_task_row(line: str, *, source: str) -> TaskSpec:
         raise TaskFileError(f"{source}: {exc}") from exc
     if task.kind == "qa" and not task.prompt:
         raise TaskFileError(f"{source}: task {task.task_id!r} has an empty `prompt`")
-    if task.kind == "swe" and not (task.instance or {}).get("repo_path"):
-        raise TaskFileError(f"{source}: swe task {task.task_id!r} needs `instance.repo_path`")
+    if task.kind == "swe" and not any((task.instance or {}).get(k) for k in REPOSITORY_SOURCES.values()):
+        needs = " or ".join(f"`instance.{key}`" for key in REPOSITORY_SOURCES.values())
+        raise TaskFileError(f"{source}: swe task {task.task_id!r} needs {needs}")
     return task
 
 
+def check_repository_sources(tasks: list[TaskSpec], launcher: str, source: str) -> None:
+    """Every SWE task has the repository source this launcher copies (else it would see none)."""
+    field = REPOSITORY_SOURCES[launcher]
+    lacking = [t.task_id for t in tasks if t.kind == "swe" and not (t.instance or {}).get(field)]
+    if lacking:
+        raise TaskFileError(
+            f"{source}: {len(lacking)} swe task(s) lack `instance.{field}`, which the {launcher} "
+            f"launcher copies the repository from (first: {lacking[0]!r})"
+        )
+
+
 def _swe_task(row: dict[str, Any], source: str) -> TaskSpec:
-    missing = [key for key in (*_SWE_REQUIRED, "repo_path") if not row.get(key)]
+    missing = [key for key in _SWE_REQUIRED if not row.get(key)]
+    if not any(row.get(key) for key in REPOSITORY_SOURCES.values()):
+        missing.append(" or ".join(REPOSITORY_SOURCES.values()))
     if missing:
         raise TaskFileError(f"{source}: SWE-bench row lacks {', '.join(missing)}")
     if not isinstance(row["instance_id"], str) or not isinstance(row["problem_statement"], str):

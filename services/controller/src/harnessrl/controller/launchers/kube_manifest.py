@@ -29,6 +29,14 @@ EPISODE_LABEL = "harnessrl.io/episode"
 ROLE_LABEL = "harnessrl.io/role"
 CONTAINER = "harness"
 WORKSPACE = "/workspace"
+# The workspace folder is root's and the repository in it the episode user's: git refuses such a
+# repository as dubiously owned unless it is named safe, which only protected configuration (here
+# the command-line configuration the environment carries) may do.
+GIT_SAFE_WORKSPACE = {
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": WORKSPACE,
+}
 
 
 def job_name(run: str, episode: str) -> str:
@@ -113,11 +121,13 @@ def _pod_spec(request: LaunchRequest, spec: LauncherSpec) -> dict[str, Any]:
     instance = request.task.instance or {}
     if request.task.kind == "swe" and instance.get("image"):
         source = str(instance.get("workdir", "/testbed")).rstrip("/")
+        # Not `cp -a`: the workspace emptyDir belongs to root (the kubelet's), and setting its
+        # times as a non-root user fails. The files keep their modes; git rehashes the new times.
         pod["initContainers"] = [
             {
                 "name": "workspace",
                 "image": instance["image"],
-                "command": ["cp", "-a", f"{source}/.", f"{WORKSPACE}/"],
+                "command": ["cp", "-R", f"{source}/.", f"{WORKSPACE}/"],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
             }
         ]
@@ -157,6 +167,8 @@ def _enforce(job: dict[str, Any], request: LaunchRequest, ttl_s: int) -> None:
 def _env(request: LaunchRequest, job: str) -> list[dict[str, Any]]:
     plain = [{"name": k, "value": v} for k, v in sorted(request.env.items())]
     plain.append({"name": "HARNESSRL_WORKDIR", "value": WORKSPACE})
+    if request.task.kind == "swe":
+        plain += [{"name": k, "value": v} for k, v in GIT_SAFE_WORKSPACE.items()]
     secret = secret_name(request.run, request.episode)
     keyed = [
         {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": k}}}

@@ -1,0 +1,85 @@
+"""The stand-in for kube-proxy: one container per ClusterIP Service, forwarding each connection.
+
+A Service's DNS names belong to this proxy's container (not to the pods), and every new TCP
+connection goes to the next of the Service's pods in turn, as kube-proxy spreads connections over
+a Service's endpoints; a pod that refuses the connection is skipped for the next one. It uses only
+the standard library, so it runs in any image with python3:
+
+    python3 service_proxy.py '{"listeners": [{"port": 8000, "backends": [["pod-a", 8000], ...]}]}'
+
+Each accepted connection is logged as one line (`connect <port> -> <host>:<port>`), which is how a
+check sees the spread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+CONNECT_TIMEOUT_S = 3.0
+CHUNK = 65536
+
+
+def _log(line: str) -> None:
+    """One line of the container's log (what `podman logs` shows)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy one direction; at its end pass the half-close on (the other direction may go on)."""
+    try:
+        while chunk := await reader.read(CHUNK):
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        writer.close()  # the other side went away: the connection ends, as kube-proxy's would
+
+
+class Listener:
+    """One Service port: round-robin over its backends, one connection at a time."""
+
+    def __init__(self, port: int, backends: Sequence[tuple[str, int]]) -> None:
+        self.port = port
+        self.backends = list(backends)
+        self._turn: Iterator[int] = itertools.cycle(range(len(self.backends)))
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Connect to the next backend that answers and pipe both ways; close if none does."""
+        first = next(self._turn)
+        for offset in range(len(self.backends)):
+            host, port = self.backends[(first + offset) % len(self.backends)]
+            try:
+                up_reader, up_writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), CONNECT_TIMEOUT_S
+                )
+            except (OSError, TimeoutError):
+                continue
+            _log(f"connect {self.port} -> {host}:{port}")
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            up_writer.close()
+            writer.close()
+            return
+        _log(f"refused {self.port}: no backend answered")
+        writer.close()
+
+
+async def serve(config: dict[str, Any]) -> None:
+    """Listen on every configured port until the container stops."""
+    servers = []
+    for item in config["listeners"]:
+        backends = [(str(host), int(port)) for host, port in item["backends"]]
+        listener = Listener(int(item["port"]), backends)
+        servers.append(await asyncio.start_server(listener.handle, "0.0.0.0", listener.port))  # noqa: S104 - the Service's address
+    _log(f"serving {[item['port'] for item in config['listeners']]}")
+    await asyncio.gather(*(server.serve_forever() for server in servers))
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(json.loads(sys.argv[1])))
