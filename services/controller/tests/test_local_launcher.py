@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.controller.launchers.episode_logs import log_tail
-from harnessrl.controller.launchers.local import LocalLauncher
+from harnessrl.controller.launchers.local import LocalLauncher, end_harnesses
 from harnessrl.controller.launchers.process import ProcessFacts, alive
 from harnessrl.shared.contracts import DETAIL_CHARS
 from harnessrl.testkit.exits import ExitRecorder, launch_request
@@ -120,3 +120,32 @@ async def test_restarted_launcher_adopts_running_and_reads_finished(
     assert (await seen.wait("running")).exit_code == 0
     assert (await seen.wait("stuck")).outcome == "timeout"
     assert "done" not in seen.seen  # already finished before the restart: reported by relist only
+
+
+async def test_a_stopping_deployment_ends_the_harnesses_a_closed_launcher_left(
+    tmp_path: Path, exits: type[ExitRecorder]
+) -> None:
+    """Closing leaves harnesses for the next controller; `end_harnesses` ends them, children too."""
+    seen = exits()
+    launcher = await started(tmp_path, seen)
+    script = "trap '' TERM; sleep 60 & echo $! > child.pid; while true; do sleep 0.1; done"
+    for episode in ("e7", "e8"):
+        await launcher.launch(launch_request(episode, ["sh", "-c", script], timeout_s=120))
+    await launcher.close()
+    folders = [launcher.episode_dir(e) for e in ("e7", "e8")]
+    for folder in folders:
+        while not (folder / "work" / "child.pid").exists():
+            time.sleep(0.05)
+    runners = [ProcessFacts(**json.loads((f / "proc.json").read_text())) for f in folders]
+    assert all(alive(facts) for facts in runners)  # closing the launcher ends nothing
+    assert end_harnesses(tmp_path, grace_s=0.5) == 2
+    children = [int((f / "work" / "child.pid").read_text()) for f in folders]
+    time.sleep(0.2)
+    assert not any(alive(facts) for facts in runners)
+    assert not any(Path(f"/proc/{pid}").exists() and _running(pid) for pid in children)
+    assert end_harnesses(tmp_path) == 0
+
+
+def _running(pid: int) -> bool:
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")

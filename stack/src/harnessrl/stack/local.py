@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 
+from harnessrl.controller.launchers.local import end_harnesses
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.gateway.settings import GatewaySettings
 from harnessrl.reward.grading import local_sandbox
@@ -286,8 +287,10 @@ class LocalStack:
         self.supervisor.check(on_crash=lambda name, _tail: log.warning("service.restarted", name=name))
 
     def stop(self) -> None:
-        """Stop services, then vLLM, then NATS."""
+        """Stop services, then the harnesses they left running, then vLLM, then NATS."""
         self.supervisor.stop()
+        if ended := end_harnesses(self.home / "controller"):
+            log.info("stack.harnesses_ended", count=ended)
         if self.vllm is not None:
             self.vllm.stop()
         if self.nats is not None:

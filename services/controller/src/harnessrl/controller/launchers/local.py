@@ -278,3 +278,26 @@ def _status_from_code(code: int) -> ExitStatus:
     if code < 0:
         return ExitStatus(outcome="infra", exit_code=code, reason=f"killed by signal {-code}")
     return ExitStatus(outcome="exited", exit_code=code)
+
+
+def end_harnesses(state_dir: Path, grace_s: float = 5.0) -> int:
+    """End every harness still running under a controller's state folder; how many ran.
+
+    For a deployment stopping as a whole (the local stack): no controller will adopt them, and a
+    harness left running would go on calling a gateway that is gone. Each episode's process group
+    gets SIGTERM, and SIGKILL if it still runs after `grace_s`.
+    """
+    running = [
+        facts
+        for path in sorted(state_dir.glob("runs/*/*/proc.json"))
+        if alive(facts := msgspec.json.decode(path.read_bytes(), type=ProcessFacts))
+    ]
+    for facts in running:
+        signal_group(facts.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(alive(f) for f in running) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for facts in running:
+        if alive(facts):
+            signal_group(facts.pid, signal.SIGKILL)
+    return len(running)
