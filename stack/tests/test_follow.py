@@ -20,7 +20,7 @@ from harnessrl.shared.contracts import (
     StepMetrics,
     WeightVersion,
 )
-from harnessrl.stack.follow import RunFollower, RunProgress, render
+from harnessrl.stack.follow import RunFollower, RunProgress, render, step_line
 from harnessrl.stack.health import untrained_tokens, untrained_warnings
 
 MISSING = "python: can't open file 'h.py': [Errno 2] No such file\n\nexit 2\nrunner.logged a line\n"
@@ -163,3 +163,16 @@ async def test_the_follower_reads_failures_steps_and_the_stop_from_the_bus(bus: 
     assert progress.stopped == stop
     assert progress.failures == {"agent": 1} and progress.last_failure is not None
     assert progress.last_failure.detail == "cannot start" and not progress.steps[0].trained
+
+
+def test_without_a_terminal_each_step_is_one_line_with_what_the_view_shows() -> None:
+    progress = RunProgress(run="r", max_steps=9)
+    progress.observe_step(
+        StepMetrics(run="r", step=3, version=3, values={"reward/mean": 0.25, "reward/pass_rate": 0.5})
+    )
+    line = step_line(progress)
+    assert "\n" not in line and "phase" not in line
+    assert line.startswith("step 3/9 (policy version 0) | reward mean 0.250 | pass rate 50.0% |")
+    assert "episodes running 0, completed 0, failed 0" in line
+    # The same rows as the live view, bar the phase.
+    assert all(value in shown(progress) for value in ("3/9", "0.250", "50.0%"))

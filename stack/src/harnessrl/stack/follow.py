@@ -199,11 +199,9 @@ def _fmt(value: float | None, pattern: str = "{:.3f}") -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def render(progress: RunProgress) -> Table:
-    """The live terminal view."""
-    table = Table(title=f"harnessrl run {progress.run}", show_header=False, min_width=60)
+def view_rows(progress: RunProgress) -> list[tuple[str, str]]:
+    """What the live view shows, as (name, value) rows."""
     eps = progress.episodes
-    running = len(progress.running)
     last = progress.heldout[-1] if progress.heldout else None
     eta = progress.eta_s()
     rows = [
@@ -215,7 +213,10 @@ def render(progress: RunProgress) -> Table:
             "held-out greedy / sampled",
             f"{_fmt(last.greedy, '{:.1%}')} / {_fmt(last.sampled, '{:.1%}')}" if last else "-",
         ),
-        ("episodes", f"running {running}, completed {eps['completed']}, failed {eps['failed']}"),
+        (
+            "episodes",
+            f"running {len(progress.running)}, completed {eps['completed']}, failed {eps['failed']}",
+        ),
         (
             "staleness (max)",
             str(max((int(k) for k in progress.steps[-1].staleness), default=0)) if progress.steps else "-",
@@ -223,10 +224,20 @@ def render(progress: RunProgress) -> Table:
         ("tokens/s", _fmt(progress.value("perf/tokens_per_s"), "{:.0f}")),
         ("elapsed / ETA", f"{time.monotonic() - progress.started_at:.0f}s / {_fmt(eta, '{:.0f}s')}"),
     ]
-    rows += trouble_rows(progress)
-    for name, value in rows:
+    return rows + trouble_rows(progress)
+
+
+def render(progress: RunProgress) -> Table:
+    """The live terminal view."""
+    table = Table(title=f"harnessrl run {progress.run}", show_header=False, min_width=60)
+    for name, value in view_rows(progress):
         table.add_row(name, value)
     return table
+
+
+def step_line(progress: RunProgress) -> str:
+    """The view as one line, printed per step where output is no terminal (a log, CI)."""
+    return " | ".join(f"{name} {value}" for name, value in view_rows(progress) if name != "phase")
 
 
 def trouble_rows(progress: RunProgress) -> list[tuple[str, str]]:

@@ -32,7 +32,7 @@ from harnessrl.shared import control_api
 from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.net import NatsUnreachable, port_free, probe_nats
-from harnessrl.stack.follow import RunFollower, RunProgress, plot, render
+from harnessrl.stack.follow import RunFollower, RunProgress, plot, render, step_line
 from harnessrl.stack.local import LocalStack, StackPorts
 from harnessrl.stack.readiness import trainer_subscribed
 
@@ -175,7 +175,7 @@ class TrainSession:
 
     async def _watch(self, on_version: VersionHook | None, live: bool) -> None:
         """Refresh the view until training is over or the controller stopped the run."""
-        progress, seen_version, warned = self.progress, self.progress.version, 0
+        progress, seen_version, warned, logged = self.progress, self.progress.version, 0, 0
         with Live(render(progress), console=console, refresh_per_second=2, transient=not live) as view:
             while progress.stopped is None and not progress.finished():
                 if self.local:
@@ -184,6 +184,9 @@ class TrainSession:
                     seen_version = progress.version
                     await on_version(seen_version, progress)
                 warned = announce_warnings(view, progress, warned)
+                if not console.is_terminal and progress.step > logged:  # no live view there
+                    logged = progress.step
+                    view.console.print(step_line(progress), soft_wrap=True)
                 view.update(render(progress))
                 await asyncio.sleep(0.5)
             announce_warnings(view, progress, warned)
