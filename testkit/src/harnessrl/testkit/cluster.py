@@ -41,6 +41,10 @@ CLUSTER_NET = "hrl-cluster"
 EPISODE_NET = "hrl-episodes"
 COMPONENT = "app.kubernetes.io/component"
 PROXY_SCRIPT = Path(__file__).with_name("service_proxy.py")
+# The test kit's own throwaway containers (the Service proxies, the connect probe): non-root, no
+# capabilities, a read-only root, no privilege escalation.
+HARDENED = ("--user", "65532:65532", "--read-only", "--read-only-tmpfs=false", "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges")  # fmt: skip
 
 
 class ClusterError(RuntimeError):
@@ -104,14 +108,18 @@ def workloads(objects: Sequence[Mapping[str, Any]]) -> list[Workload]:
     return found
 
 
+def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """Whether a non-empty equality selector (a Service's, a policy's matchLabels) picks these labels."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
 def services_of(objects: Sequence[Mapping[str, Any]], labels: Mapping[str, str]) -> list[dict[str, Any]]:
     """The Services whose selector picks pods with these labels."""
-    found = []
-    for obj in objects:
-        selector = (obj["spec"].get("selector") or {}) if obj.get("kind") == "Service" else {}
-        if selector and all(labels.get(k) == v for k, v in selector.items()):
-            found.append(dict(obj))
-    return found
+    return [
+        dict(obj)
+        for obj in objects
+        if obj.get("kind") == "Service" and _selects(obj["spec"].get("selector") or {}, labels)
+    ]
 
 
 def headless(service: Mapping[str, Any]) -> bool:
@@ -137,8 +145,7 @@ def job_networks(objects: Sequence[Mapping[str, Any]], labels: Mapping[str, str]
     for obj in objects:
         if obj.get("kind") != "NetworkPolicy":
             continue
-        wanted = (obj["spec"].get("podSelector") or {}).get("matchLabels") or {}
-        if wanted and all(labels.get(k) == v for k, v in wanted.items()):
+        if _selects((obj["spec"].get("podSelector") or {}).get("matchLabels") or {}, labels):
             allowed = allowed or bool(obj["spec"].get("egress"))
     return {EPISODE_NET: []} if allowed else {}
 
@@ -272,22 +279,11 @@ class LocalCluster:
             _podman(
                 "run", "-d", *PODMAN_FLAGS, "--name", container, "--restart", "always",
                 *(flag for net in networks for flag in ("--network", f"{net}:{aliases}")),
-                "--user", "65532:65532", "--read-only", "--read-only-tmpfs=false", "--cap-drop", "ALL",
-                "--security-opt", "no-new-privileges", "--memory", "64m",
+                *HARDENED, "--memory", "64m",
                 "--mount", f"type=bind,source={PROXY_SCRIPT},destination=/proxy/service_proxy.py,ro",
                 "--entrypoint", '["python3"]', base_ref("py"), "/proxy/service_proxy.py", json.dumps(config),
             )  # fmt: skip
             self.proxies[name] = container
-
-    def proxy_connections(self, service: str) -> dict[str, int]:
-        """How many connections a Service's proxy sent to each backend container (from its log)."""
-        log = _podman("logs", self.proxies[service], check=False)
-        counts: dict[str, int] = {}
-        for line in log.splitlines():
-            if line.startswith("connect "):
-                backend = line.rsplit(" ", 1)[1].rsplit(":", 1)[0]
-                counts[backend] = counts.get(backend, 0) + 1
-        return counts
 
     def wait_ready(self, group: Sequence[RunningPod], timeout_s: float) -> None:
         """Poll each pod's readiness (else liveness) probe until all pass; raise on timeout or exit."""
@@ -366,10 +362,7 @@ def can_connect(
         "    except OSError as exc:\n"
         "        print('closed', type(exc).__name__)\n"
     )
-    command = ["podman", "run", "--rm", "--runtime", "runc", "--ulimit", "nofile=1024:1024",
-               "--ulimit", "nproc=1024:1024", "--network", network, "--user", "65532:65532",
-               "--read-only", "--read-only-tmpfs=false", "--cap-drop", "ALL",
-               "--security-opt", "no-new-privileges", "--memory", "256m",
+    command = ["podman", "run", "--rm", *PODMAN_FLAGS, "--network", network, *HARDENED, "--memory", "256m",
                "--entrypoint", '["python"]', image, "-c", script]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     answers = [line.startswith("open") for line in done.stdout.splitlines()]
