@@ -11,6 +11,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import nats
 import pytest
 
 from harnessrl.shared import subjects
@@ -153,7 +154,10 @@ async def _victim(bus: NatsBus, cluster: NatsCluster, victim: str) -> NatsServer
 
 
 async def _leader_is_not(bus: NatsBus, server: str) -> bool:
-    info = await bus.js.stream_info(subjects.WEIGHTS.name)
+    try:
+        info = await bus.js.stream_info(subjects.WEIGHTS.name)
+    except (TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+        return False  # mid-election the stream's info request goes unanswered: ask again
     return info.cluster is not None and bool(info.cluster.leader) and info.cluster.leader != server
 
 
