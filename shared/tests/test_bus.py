@@ -285,6 +285,51 @@ async def test_kv_writes_ride_out_lost_replies(nats_server: NatsServer) -> None:
         await bus.close()
 
 
+async def test_a_working_handler_keeps_its_message_and_a_dead_one_loses_it_within_the_ack_wait(
+    nats_server: NatsServer,
+) -> None:
+    """A handler running past `ack_wait_s` says it is still working, so a second worker on the same
+    durable is not handed the message; a worker that dies mid-handler loses it within `ack_wait_s`."""
+    bus = NatsBus(nats_server.url, publish_retry_s=10.0)
+    await bus.connect()
+    try:
+        await bus.ensure_streams([subjects.WEIGHTS])
+        run = new_id("run")
+        spec = ConsumerSpec(
+            stream=subjects.WEIGHTS.name, filter_subject=subjects.weights(run), durable=new_id("work"),
+            ack_wait_s=1.0, batch=1,
+        )  # fmt: skip
+        got: list[tuple[str, int, int]] = []
+
+        Handle = Callable[[Delivery], Awaitable[None]]
+
+        def worker(name: str, behaviour: Callable[[], Awaitable[object]]) -> Handle:
+            async def handle(delivery: Delivery) -> None:
+                got.append((name, delivery.decode(WeightVersion).version, delivery.num_delivered))
+                await behaviour()
+
+            return handle
+
+        slow = await bus.subscribe(spec, worker("slow", lambda: asyncio.sleep(3.5)))
+        await bus.publish(subjects.weights(run), weight(run, 0), msg_id=f"{run}:0")
+        await eventually(lambda: bool(got))
+        other = await bus.subscribe(spec, worker("other", lambda: asyncio.sleep(0)))
+        await asyncio.sleep(4.0)  # 3.5 ack waits
+        assert got == [("slow", 0, 1)]
+        await slow.stop()
+        await other.stop()
+
+        dying = await bus.subscribe(spec, worker("dying", asyncio.Event().wait))
+        await bus.publish(subjects.weights(run), weight(run, 1), msg_id=f"{run}:1")
+        await eventually(lambda: len(got) == 2)
+        await bus.subscribe(spec, worker("next", lambda: asyncio.sleep(0)))
+        await dying.stop()  # the worker dies mid-handler (cancelled after 2 s), its message unsettled
+        await eventually(lambda: len(got) == 3, timeout=5.0)
+        assert got[1:] == [("dying", 1, 1), ("next", 1, 2)]
+    finally:
+        await bus.close()
+
+
 async def test_publish_budget_bounds_the_retries(nats_server: NatsServer) -> None:
     bus = NatsBus(nats_server.url, publish_retry_s=30.0)
     await bus.connect()

@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 
 from harnessrl.controller.launchers.kube_manifest import job_name
+from harnessrl.controller.records import EpisodeRecord
 from harnessrl.controller.run_driver import RunDriver
 from harnessrl.controller.service import Controller
 from harnessrl.controller.settings import ControllerSettings
+from harnessrl.controller.store import EpisodeStore
 from harnessrl.shared import control_api, subjects
-from harnessrl.shared.bus import NatsBus
+from harnessrl.shared.bus import BusError, NatsBus
 from harnessrl.shared.contracts import (
     LauncherSpec,
     RolloutComplete,
@@ -62,6 +64,10 @@ class Harness:
     async def start(self) -> None:
         await self.sink.start()
         await self.reward.start()
+        await self.start_controller()
+
+    async def start_controller(self) -> None:
+        """A controller for the run (a second call: the next controller, on the same bus and state)."""
         settings = ControllerSettings(
             key_secret=SECRET,
             gateway_url=self.sink.url,
@@ -302,3 +308,61 @@ async def test_bring_your_own_episode_over_the_bus(harness: Harness) -> None:
             await asyncio.sleep(0.05)
     rollout = [r for r in await harness.rollouts() if r.episode == opened["episode"]]
     assert [(r.task, r.reward) for r in rollout] == [("add", 1.0)]
+
+
+def fail_creation(monkeypatch: pytest.MonkeyPatch, member: str, how: Any) -> list[str]:
+    """Make `EpisodeStore.create_episode` of the episode `member` (e.g. "-01-a0") call `how` once."""
+    original, seen = EpisodeStore.create_episode, []
+
+    async def create(store: EpisodeStore, record: EpisodeRecord) -> bool:
+        seen.append(record.episode)
+        if record.episode.endswith(member) and seen.count(record.episode) == 1:
+            await how()
+        return await original(store, record)
+
+    monkeypatch.setattr(EpisodeStore, "create_episode", create)
+    return seen
+
+
+async def test_a_scheduling_pass_that_fails_is_retried(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen under `make chaos`: a bus error while a group was being recorded ended the scheduler,
+    so the members already recorded were never launched and the run stalled."""
+
+    async def unreachable() -> None:
+        raise BusError("KV write not answered in 30 s")
+
+    seen = fail_creation(monkeypatch, "-01-a0", unreachable)
+    driver = await harness.submit(group_size=2, batch_tasks=2, max_steps=1)
+    await asyncio.wait_for(driver.done.wait(), 60)
+    events = await harness.events()
+    assert Counter(kind(e) for e in events)["completed"] == 4
+    assert set(terminal_counts(events).values()) == {1}
+    assert seen.count("e0000-000-01-a0") == 2  # the failed creation, then the retried pass
+
+
+async def test_a_group_left_half_recorded_by_a_dead_controller_is_completed(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A controller that dies while recording a group's members leaves the group short; the
+    next one records the missing members, so the group is whole and the run ends."""
+    hang = asyncio.Event()
+    fail_creation(monkeypatch, "-01-a0", hang.wait)  # never set: the controller "dies" here
+    await harness.submit(group_size=2, batch_tasks=1, max_steps=1)
+    async with asyncio.timeout(30):
+        while "scheduled" not in {kind(e) for e in await harness.events()}:
+            await asyncio.sleep(0.05)
+    assert harness.controller is not None
+    await harness.controller.stop()
+    monkeypatch.undo()
+    await harness.start_controller()
+    assert harness.controller is not None
+    driver = harness.controller.runs[harness.run]
+    await asyncio.wait_for(driver.done.wait(), 60)
+    events = await harness.events()
+    completed = sorted(e.episode for e in events if kind(e) == "completed")
+    assert completed == ["e0000-000-00-a0", "e0000-000-01-a0"]
+    assert set(terminal_counts(events).values()) == {1}
+    rollouts = await harness.rollouts()
+    assert sorted(r.episode for r in rollouts) == completed

@@ -218,8 +218,8 @@ class Deployment:
         return [name for name in self.specs if name.startswith("controller-")]
 
     def start_rewards(self) -> None:
-        """Reward workers sharing one durable consumer."""
-        settings = RewardSettings(nats_url=self.cluster.url, log_level="WARNING")
+        """Reward workers sharing one durable consumer (a lost delivery is graded again within 5 s)."""
+        settings = RewardSettings(nats_url=self.cluster.url, ack_wait_s=5.0, log_level="WARNING")
         for index in range(self.reward_count):
             self.service(f"reward-{index}", "reward", "HRL_REWARD_", settings)
 

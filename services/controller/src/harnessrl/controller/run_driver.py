@@ -12,8 +12,9 @@ once, failures marked with their cause, and the trainer drops them (never as rew
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -35,6 +36,8 @@ from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription
 from harnessrl.shared.contracts import EpisodeFailed, EpisodeScored, RunStopped, TaskSpec, WeightVersion
 from harnessrl.shared.keys import sign_episode_key
 from harnessrl.shared.log import get_logger
+
+T = TypeVar("T")
 
 _UNAVAILABLE_RETRY_S = 2.0
 # Recording an episode's end is retried this far apart at first, doubling up to the second.
@@ -87,27 +90,35 @@ class RunDriver:
         """How many groups the run schedules over all its batches."""
         return self.spec.max_steps * self.spec.batch_tasks
 
-    async def _exited_until_recorded(self, episode: str, status: ExitStatus) -> None:
-        """`episodes.exited`, retried while it fails (a NATS node restarting): the end is never lost.
+    async def _until_done(self, event: str, work: Callable[[], Awaitable[T]], **context: str) -> T:
+        """`work()`, tried again while it fails (a NATS node restarting) until it succeeds.
 
-        Repeats are harmless (`exited` ignores an episode already past it); a failure that never
-        clears is logged at every try instead of ending the launcher's watcher in silence.
+        For work that must not be lost and is safe to repeat; each failure is logged as `event`
+        with the delay before the next try, instead of ending the task that needed it in silence.
         """
         delay = EXIT_RETRY_FIRST_S
         while True:
             try:
-                await self.episodes.exited(episode, status)
-                return
-            except Exception as exc:  # noqa: BLE001 - whatever it was, the episode's end must land
-                self._log.warning("episode.exit_retry", episode=episode, error=repr(exc), retry_in_s=delay)
+                return await work()
+            except Exception as exc:  # noqa: BLE001 - whatever it was, the work must land
+                self._log.warning(event, **context, error=repr(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, EXIT_RETRY_MAX_S)
+
+    async def _exited_until_recorded(self, episode: str, status: ExitStatus) -> None:
+        """`episodes.exited` until it lands: an episode's end is never lost.
+
+        Repeats are harmless (`exited` ignores an episode already past it).
+        """
+        record = functools.partial(self.episodes.exited, episode, status)
+        await self._until_done("episode.exit_retry", record, episode=episode)
 
     async def start(self) -> None:
         """Load state, reconcile with the launcher, subscribe to feeds and start scheduling."""
         await self.episodes.load(await self._store.episodes(self.spec.run))
         scheduled = [r for r in self.episodes.records.values() if not r.byo]
         self._next_group = 1 + max((r.batch * self.spec.batch_tasks + r.slot for r in scheduled), default=-1)
+        await self._complete_groups(scheduled)
         await self._launcher.start(self._exited_until_recorded)
         await self._reconcile()
         await self._subscribe()
@@ -144,26 +155,38 @@ class RunDriver:
         lag = 0 if self.spec.mode == "sync" else self.spec.staleness
         return self.steps >= batch - lag
 
-    def live(self) -> int:
-        """Harnesses scheduled or running now (BYO episodes run elsewhere and do not count)."""
-        return sum(1 for r in self.episodes.records.values() if r.phase in LIVE_PHASES and not r.byo)
+    def live(self, besides: str = "") -> int:
+        """Harnesses scheduled or running now, those of group `besides` left out (BYO ones run elsewhere)."""
+        return sum(
+            1
+            for r in self.episodes.records.values()
+            if r.phase in LIVE_PHASES and not r.byo and r.group != besides
+        )
 
     async def _schedule(self) -> None:
-        while True:
-            if (stopped := self._fail_fast.verdict(self.episodes.records.values())) is not None:
-                await self._stop(stopped)
-                return
-            await self._fill()
-            if self._next_group >= self.total_groups and all(
-                r.terminal for r in self.episodes.records.values()
-            ):
-                self._record = msgspec.structs.replace(self._record, state="done")
-                await self._store.save_run(self._record)
-                self._log.info("run.finished", episodes=len(self.episodes.records))
-                self.done.set()
-                return
+        """Admit and launch groups as the run allows, until it is done or stopped.
+
+        A pass that fails (the bus unreachable for longer than its own retries) is tried again:
+        the scheduler must never end in silence, leaving scheduled episodes unlaunched.
+        """
+        while not await self._until_done("schedule.retry", self._schedule_pass):
             await self._wake.wait()
             self._wake.clear()
+
+    async def _schedule_pass(self) -> bool:
+        """One pass of scheduling; True once the run is over (done or stopped)."""
+        if (stopped := self._fail_fast.verdict(self.episodes.records.values())) is not None:
+            await self._stop(stopped)  # safe to repeat after a failed pass: announced once
+            return True
+        await self._fill()
+        records = self.episodes.records.values()
+        if self._next_group < self.total_groups or not all(r.terminal for r in records):
+            return False
+        self._record = msgspec.structs.replace(self._record, state="done")
+        await self._store.save_run(self._record)
+        self._log.info("run.finished", episodes=len(self.episodes.records))
+        self.done.set()
+        return True
 
     async def _stop(self, stopped: RunStopped) -> None:
         """Stop the run for good: record why, say so once on the bus; running episodes end alone."""
@@ -183,28 +206,50 @@ class RunDriver:
         size = self.spec.group_size
         while self._next_group < self.total_groups:
             batch, slot = divmod(self._next_group, self.spec.batch_tasks)
-            live = self.live()
+            live = self.live(besides=group_id(batch, slot))  # a pass that failed may have begun it
             if not self.admitted(batch) or (live and live + size > self.spec.max_concurrent):
                 return
             task = self._train[self._next_group % len(self._train)]
-            self._next_group += 1
-            records = [
-                EpisodeRecord(
-                    run=self.spec.run,
-                    episode=episode_id(batch, slot, member, 0),
-                    task=task.task_id,
-                    group=group_id(batch, slot),
-                    batch=batch,
-                    slot=slot,
-                    member=member,
-                    group_size=size,
-                    expected_version=self.version,
-                )
-                for member in range(size)
-            ]
-            added = await asyncio.gather(*(self.episodes.add(record) for record in records))
-            for record in added:
+            for record in await self._add_members(batch, slot, task.task_id, range(size), self.version):
                 self.spawn(self.launch(record))
+            self._next_group += 1  # only once every member is recorded: a failed pass redoes the group
+
+    async def _add_members(
+        self, batch: int, slot: int, task: str, members: Iterable[int], version: int
+    ) -> list[EpisodeRecord]:
+        """Record first attempts of a group's `members` (an existing record wins); the records."""
+        records = [
+            EpisodeRecord(
+                run=self.spec.run,
+                episode=episode_id(batch, slot, member, 0),
+                task=task,
+                group=group_id(batch, slot),
+                batch=batch,
+                slot=slot,
+                member=member,
+                group_size=self.spec.group_size,
+                expected_version=version,
+            )
+            for member in members
+        ]
+        return list(await asyncio.gather(*(self.episodes.add(record) for record in records)))
+
+    async def _complete_groups(self, scheduled: list[EpisodeRecord]) -> None:
+        """Add the members a controller that died while scheduling a group left unrecorded.
+
+        Without them the group would never be whole, and the trainer never gets it. A member
+        counts as recorded when any attempt of it is. They are launched by `_reconcile`, as every
+        scheduled episode no harness runs for.
+        """
+        groups: dict[tuple[int, int], list[EpisodeRecord]] = {}
+        for record in scheduled:
+            groups.setdefault((record.batch, record.slot), []).append(record)
+        for (batch, slot), records in sorted(groups.items()):
+            missing = sorted(set(range(records[0].group_size)) - {r.member for r in records})
+            if missing:
+                first = records[0]
+                self._log.warning("group.completed_after_restart", group=first.group, members=missing)
+                await self._add_members(batch, slot, first.task, missing, first.expected_version)
 
     async def launch(self, record: EpisodeRecord) -> None:
         """Start a scheduled episode's harness (retried while the launcher is unreachable)."""

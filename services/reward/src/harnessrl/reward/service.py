@@ -81,7 +81,9 @@ class RewardService:
             stream=subjects.EPISODES.name,
             filter_subject=f"{subjects.PREFIX}.episode.{self.settings.runs}.*.agent_exited",
             durable=self.settings.durable,
-            ack_wait_s=self.settings.grade_timeout_s + 60.0,
+            # Short: a grading still running says so (the bus's in-progress acks), so this only
+            # bounds how soon an event whose worker died, or whose delivery was lost, is graded again.
+            ack_wait_s=self.settings.ack_wait_s,
             max_deliver=5,
             batch=1,
         )

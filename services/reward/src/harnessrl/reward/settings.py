@@ -57,6 +57,9 @@ class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
     grade_timeout_s: float = 300.0
     # Test-run deadline inside the sandbox.
     test_timeout_s: float = 120.0
+    # How soon an episode whose grading worker died (or whose delivery was lost) is graded again.
+    # A grading that runs longer keeps its event by saying it is still working, every third of this.
+    ack_wait_s: float = 30.0
     memory_bytes: int = 2 * 1024**3
     isolate_network: bool = True
     drop_privileges: bool = True
@@ -88,7 +91,7 @@ class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingsError(f"metrics_interval_s must be >= 0 (got {self.metrics_interval_s})")
         if self.kube_api_url and not self.kube_api_url.startswith(("http://", "https://")):
             raise SettingsError(f"kube_api_url must be an http:// or https:// URL, not {self.kube_api_url!r}")
-        for name in ("grade_timeout_s", "test_timeout_s"):
+        for name in ("grade_timeout_s", "test_timeout_s", "ack_wait_s"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be > 0 (got {getattr(self, name)})")
 

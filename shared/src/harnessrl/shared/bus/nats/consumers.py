@@ -26,6 +26,8 @@ log = get_logger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
 DLQ_REASON = "Hrl-Dlq-Reason"
+# A handler still running after this share of its consumer's ack wait says so to the server (+WPI).
+WORKING_FRACTION = 1 / 3
 DELIVER = {
     "all": api.DeliverPolicy.ALL,
     "new": api.DeliverPolicy.NEW,
@@ -115,7 +117,26 @@ class PullSubscription(Subscription):
                 await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
-                await settle(delivery(msg), self.handler, self.spec.max_deliver, Settler(self.bus, msg))
+                await self._handle(msg)
+
+    async def _handle(self, msg: Msg) -> None:
+        """Settle one message, telling the server it is still being worked on while the handler runs.
+
+        So `ack_wait_s` bounds how long a delivery lost with its worker (killed, or its fetch reply
+        lost with a NATS node) waits for redelivery, not how long a handler may take.
+        """
+        working = asyncio.create_task(self._keep_working(msg))
+        try:
+            await settle(delivery(msg), self.handler, self.spec.max_deliver, Settler(self.bus, msg))
+        finally:
+            working.cancel()
+
+    async def _keep_working(self, msg: Msg) -> None:
+        while True:
+            await asyncio.sleep(self.spec.ack_wait_s * WORKING_FRACTION)
+            # A lost one costs a redelivery (settled again idempotently), as a dead worker's would.
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await msg.in_progress()
 
     async def _rebind(self) -> None:
         log.info("consumer.rebind", filter=self.spec.filter_subject, durable=self.spec.durable)
@@ -143,7 +164,8 @@ class PullSubscription(Subscription):
     async def stop(self) -> None:
         self._stopping = True
         if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
+            # A handler still running 2 s on is cancelled: its message, unsettled, is redelivered.
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._task), timeout=2.0)
             if not self._task.done():
                 self._task.cancel()
