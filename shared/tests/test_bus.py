@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import msgspec
 import nats.errors
 import pytest
 
@@ -330,6 +331,28 @@ async def test_a_working_handler_keeps_its_message_and_a_dead_one_loses_it_withi
         await bus.close()
 
 
+async def test_binding_a_durable_brings_its_ack_wait_and_redelivery_limit_to_the_spec(
+    nats_server: NatsServer,
+) -> None:
+    """A release that shortens a consumer's ack wait reaches the consumer a deployment already has."""
+    bus = NatsBus(nats_server.url, publish_retry_s=10.0)
+    await bus.connect()
+    try:
+        await bus.ensure_streams([subjects.WEIGHTS])
+        old = ConsumerSpec(
+            stream=subjects.WEIGHTS.name, filter_subject=subjects.weights(new_id("run")),
+            durable=new_id("kept"), ack_wait_s=360.0, max_deliver=5,
+        )  # fmt: skip
+        await (await bus.subscribe(old, _ignore)).stop()
+        new = msgspec.structs.replace(old, ack_wait_s=30.0, max_deliver=-1)
+        await bus.subscribe(new, _ignore)
+        info = await bus.js.consumer_info(old.stream, str(old.durable))
+        assert (info.config.ack_wait, info.config.max_deliver) == (30.0, -1)
+        assert info.config.filter_subject == old.filter_subject
+    finally:
+        await bus.close()
+
+
 async def test_publish_budget_bounds_the_retries(nats_server: NatsServer) -> None:
     bus = NatsBus(nats_server.url, publish_retry_s=30.0)
     await bus.connect()
@@ -450,3 +473,7 @@ async def test_backlog_counts_what_a_consumer_has_not_received_and_not_settled(a
     assert await drained()
     await sub.stop()
     assert not [b for b in await any_bus.backlogs() if b.consumer == durable]
+
+
+async def _ignore(_: Delivery) -> None:
+    """A handler that settles every message as done."""

@@ -74,7 +74,8 @@ async def _check_consumer(bus: NatsBus, options: OtlpOptions) -> None:
     """A consumer that exists must export the same spans, and waits for acks as long as this run needs.
 
     Binding to an existing durable consumer keeps its configuration, so a changed filter is refused
-    and a changed ack wait (other `--timeout-s` or `--max-backoff-s`) is updated on the server.
+    (a changed ack wait, from other `--timeout-s` or `--max-backoff-s`, is updated on the server
+    by the bus when it binds).
     """
     try:
         info = await bus.js.consumer_info(subjects.SPANS.name, options.durable)
@@ -85,10 +86,6 @@ async def _check_consumer(bus: NatsBus, options: OtlpOptions) -> None:
             f"consumer {options.durable} exports {info.config.filter_subject}, not "
             f"{options.filter_subject}: choose another --consumer"
         )
-    if info.config.ack_wait != options.ack_wait_s:
-        info.config.ack_wait = options.ack_wait_s
-        await bus.js.add_consumer(subjects.SPANS.name, config=info.config)
-        log.info("otlp.consumer_updated", consumer=options.durable, ack_wait_s=options.ack_wait_s)
 
 
 async def _until_done(

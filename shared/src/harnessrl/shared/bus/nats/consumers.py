@@ -99,9 +99,27 @@ class PullSubscription(Subscription):
             inactive_threshold=None if spec.durable else 60.0,
             max_ack_pending=max(spec.batch * 4, 256),
         )
+        if spec.durable:
+            await self._update_durable(spec.durable, config)
         self._psub = await self.bus.js.pull_subscribe(
             spec.filter_subject, durable=spec.durable, stream=spec.stream, config=config
         )
+
+    async def _update_durable(self, durable: str, config: api.ConsumerConfig) -> None:
+        """Bring an existing durable consumer's ack wait and redelivery limit to this spec's.
+
+        Binding keeps the configuration a consumer was created with, so without this a release
+        that changes either would never reach a deployment's consumers.
+        """
+        try:
+            info = await self.bus.js.consumer_info(self.spec.stream, durable)
+        except nats.js.errors.NotFoundError:
+            return
+        wanted = (config.ack_wait, config.max_deliver)
+        if (info.config.ack_wait, info.config.max_deliver) != wanted:
+            info.config.ack_wait, info.config.max_deliver = wanted
+            await self.bus.js.add_consumer(self.spec.stream, config=info.config)
+            log.info("consumer.updated", durable=durable, ack_wait_s=wanted[0], max_deliver=wanted[1])
 
     async def _run(self) -> None:
         while not self._stopping:
