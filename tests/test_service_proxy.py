@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harnessrl.testkit import cluster
+from harnessrl.testkit import cluster, service_proxy
 from harnessrl.testkit.cluster import PROXY_SCRIPT, free_port
 
 
@@ -86,3 +86,53 @@ def test_every_clusterip_service_gets_a_proxy_and_headless_ones_resolve_to_pods(
     vllm = next(w for w in cluster.workloads(objects) if w.component == "vllm")
     names = cluster.service_aliases(objects, vllm.template["metadata"]["labels"], f"{vllm.name}-0")
     assert f"{vllm.name}-0.{vllm.service_name}.{cluster.NAMESPACE}.svc" in names
+
+
+def test_a_connection_waits_for_a_pod_that_comes_up() -> None:
+    """With no pod answering, a connection is held (trying each round again) until one does."""
+    late, listen = free_port("127.0.0.1"), free_port("127.0.0.1")
+    config = {"listeners": [{"port": listen, "backends": [["127.0.0.1", late]]}]}
+    process = subprocess.Popen(
+        [sys.executable, str(PROXY_SCRIPT), json.dumps(config)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline().startswith("serving")
+        timer = threading.Timer(1.0, lambda: _serve_on(late, "late"))
+        timer.start()
+        assert _ask(listen) == "late"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _serve_on(port: int, name: str) -> None:
+    server = socket.create_server(("127.0.0.1", port))
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(16)
+            conn.sendall(name.encode())
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+
+async def test_a_pod_whose_name_stops_resolving_is_reached_at_its_last_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """podman's DNS fails names for a moment while containers start; kube-proxy would not care."""
+    server, port = _named_server("a")
+    listener = service_proxy.Listener(9, [("localhost", port)])
+    first = await listener._connect()
+    assert first is not None and first[0] == "localhost"
+    first[3].close()
+
+    def no_dns(*_: object, **__: object) -> None:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    again = await listener._connect()
+    assert again is not None
+    again[3].close()
+    server.close()

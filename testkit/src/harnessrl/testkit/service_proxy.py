@@ -16,11 +16,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import socket
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 CONNECT_TIMEOUT_S = 3.0
+# How long a connection waits for some backend to answer, and how often it tries the round again.
+PATIENCE_S, RETRY_S = 10.0, 0.25
 CHUNK = 65536
 
 
@@ -49,24 +52,53 @@ class Listener:
         self.port = port
         self.backends = list(backends)
         self._turn: Iterator[int] = itertools.cycle(range(len(self.backends)))
+        # Each pod's address when its name last resolved: kube-proxy knows endpoints by address,
+        # so a name lookup failing for a moment (podman's DNS reloads as containers start) must
+        # not refuse a connection to a pod that is up.
+        self._addresses: dict[str, str] = {}
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Connect to the next backend that answers and pipe both ways; close if none does."""
+    async def _address(self, host: str, port: int) -> str:
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            if host in self._addresses:
+                return self._addresses[host]
+            raise
+        self._addresses[host] = str(found[0][4][0])
+        return self._addresses[host]
+
+    async def _connect(self) -> tuple[str, int, asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The next backend that answers, tried in turn; None if none does."""
         first = next(self._turn)
         for offset in range(len(self.backends)):
             host, port = self.backends[(first + offset) % len(self.backends)]
             try:
+                address = await asyncio.wait_for(self._address(host, port), CONNECT_TIMEOUT_S)
                 up_reader, up_writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), CONNECT_TIMEOUT_S
+                    asyncio.open_connection(address, port), CONNECT_TIMEOUT_S
                 )
             except (OSError, TimeoutError):
                 continue
-            _log(f"connect {self.port} -> {host}:{port}")
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-            up_writer.close()
-            writer.close()
-            return
-        _log(f"refused {self.port}: no backend answered")
+            return host, port, up_reader, up_writer
+        return None
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Connect to the next backend that answers and pipe both ways; close if none does in time.
+
+        While no backend answers, the round is tried again for `PATIENCE_S` (pods restarting), so
+        only a Service with no live pod for that long refuses a connection.
+        """
+        deadline = asyncio.get_running_loop().time() + PATIENCE_S
+        while (upstream := await self._connect()) is None:
+            if asyncio.get_running_loop().time() >= deadline:
+                _log(f"refused {self.port}: no backend answered")
+                writer.close()
+                return
+            await asyncio.sleep(RETRY_S)
+        host, port, up_reader, up_writer = upstream
+        _log(f"connect {self.port} -> {host}:{port}")
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        up_writer.close()
         writer.close()
 
 
