@@ -52,20 +52,29 @@ class Listener:
         self.port = port
         self.backends = list(backends)
         self._turn: Iterator[int] = itertools.cycle(range(len(self.backends)))
-        # Each pod's address when its name last resolved: kube-proxy knows endpoints by address,
-        # so a name lookup failing for a moment (podman's DNS reloads as containers start) must
-        # not refuse a connection to a pod that is up.
+        # Each pod's address when a connection by name last worked: kube-proxy knows endpoints by
+        # address, so a name lookup failing or timing out (podman's DNS does, now and then: 3 in 80
+        # connects timed out in one cluster check) must not refuse a connection to a pod that is up.
         self._addresses: dict[str, str] = {}
 
-    async def _address(self, host: str, port: int) -> str:
-        try:
-            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError:
-            if host in self._addresses:
-                return self._addresses[host]
-            raise
-        self._addresses[host] = str(found[0][4][0])
-        return self._addresses[host]
+    async def _open(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to one pod: at the address it last had, else at the one its name resolves to.
+
+        Names are looked up only when needed: a lookup that hangs holds one of the few resolver
+        threads, and many of them at once stall every connection behind them.
+        """
+        if (known := self._addresses.get(host)) is not None:
+            try:
+                return await asyncio.wait_for(asyncio.open_connection(known, port), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError):
+                pass  # the pod may have come back at another address
+        found = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT_S
+        )
+        address = str(found[0][4][0])
+        opened = await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT_S)
+        self._addresses[host] = address
+        return opened
 
     async def _connect(self) -> tuple[str, int, asyncio.StreamReader, asyncio.StreamWriter] | None:
         """The next backend that answers, tried in turn; None if none does."""
@@ -73,10 +82,7 @@ class Listener:
         for offset in range(len(self.backends)):
             host, port = self.backends[(first + offset) % len(self.backends)]
             try:
-                address = await asyncio.wait_for(self._address(host, port), CONNECT_TIMEOUT_S)
-                up_reader, up_writer = await asyncio.wait_for(
-                    asyncio.open_connection(address, port), CONNECT_TIMEOUT_S
-                )
+                up_reader, up_writer = await self._open(host, port)
             except (OSError, TimeoutError):
                 continue
             return host, port, up_reader, up_writer
