@@ -175,3 +175,34 @@ async def test_workers_share_the_durable_as_a_queue_group(
     assert len(found) == 12
     assert service.graded + second.graded == 12
     assert sum(e.reward for e in found) == 6.0
+
+
+async def test_a_grading_longer_than_the_ack_wait_is_graded_once(
+    bus: Bus, run_id: str, tinyswe_root: Any, context: GradingContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer waits `ack_wait_s` (short) for a worker that died; a slow grading keeps its
+    episode by telling NATS it is still working, so the second worker never grades it again."""
+    settings = RewardSettings(
+        durable=f"slow-{run_id}", runs=run_id, tasks_root=str(tinyswe_root), log_format="console",
+        drop_privileges=context.limits.drop_privileges, ack_wait_s=1.0,
+    )  # fmt: skip
+    original = RewardService._run_grader
+
+    async def slow(worker: RewardService, task: TaskSpec, artifact: bytes, log: Any) -> Grade:
+        await asyncio.sleep(3.0)
+        return await original(worker, task, artifact, log)
+
+    monkeypatch.setattr(RewardService, "_run_grader", slow)
+    workers = [RewardService(bus, settings), RewardService(bus, settings)]
+    for worker in workers:
+        await worker.start()
+    try:
+        await send(bus, exited(run_id, "ep-slow", NUMERIC, inline(b"ANSWER 408")))
+        found = await results(bus, run_id, 1)
+        await asyncio.sleep(1.5)
+    finally:
+        for worker in workers:
+            await worker.stop()
+    assert [e.reward for e in found] == [1.0]
+    assert sum(worker.graded for worker in workers) == 1
+    assert sum(worker.republished for worker in workers) == 0

@@ -45,6 +45,14 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()  # the other side went away: the connection ends, as kube-proxy's would
 
 
+async def _dial(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """A connection to `address`, or None if it refuses or does not answer in time."""
+    try:
+        return await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        return None
+
+
 class Listener:
     """One Service port: round-robin over its backends, one connection at a time."""
 
@@ -63,17 +71,16 @@ class Listener:
         Names are looked up only when needed: a lookup that hangs holds one of the few resolver
         threads, and many of them at once stall every connection behind them.
         """
-        if (known := self._addresses.get(host)) is not None:
-            try:
-                return await asyncio.wait_for(asyncio.open_connection(known, port), CONNECT_TIMEOUT_S)
-            except (OSError, TimeoutError):
-                pass  # the pod may have come back at another address
-        found = await asyncio.wait_for(
-            asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT_S
-        )
-        address = str(found[0][4][0])
-        opened = await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT_S)
-        self._addresses[host] = address
+        known = self._addresses.get(host)
+        # A pod that no longer answers at its old address may have come back at another one.
+        opened = await _dial(known, port) if known is not None else None
+        if opened is None:
+            found = await asyncio.wait_for(
+                asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT_S
+            )
+            address = str(found[0][4][0])
+            opened = await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT_S)
+            self._addresses[host] = address
         return opened
 
     async def _connect(self) -> tuple[str, int, asyncio.StreamReader, asyncio.StreamWriter] | None:

@@ -40,7 +40,8 @@ from harnessrl.shared.log import get_logger
 T = TypeVar("T")
 
 _UNAVAILABLE_RETRY_S = 2.0
-# Recording an episode's end is retried this far apart at first, doubling up to the second.
+# Work that must land (an episode's end, a scheduling pass) is retried this far apart at first,
+# doubling up to the second.
 EXIT_RETRY_FIRST_S, EXIT_RETRY_MAX_S = 0.5, 10.0
 
 
