@@ -118,3 +118,26 @@ async def test_kv_keys_right_after_a_restart_list_every_live_key(nats_server: Na
         await reader.connect()
         assert sorted(await (await reader.kv(bucket)).keys()) == live
         await reader.close()
+
+
+async def test_streams_and_buckets_set_up_while_the_server_is_away_for_a_moment(
+    nats_server: NatsServer,
+) -> None:
+    """A service starting while its NATS restarts (or a cluster elects a meta leader, as a CI run
+    saw: `stream_info` unanswered within 1 s) waits it out instead of crashing at start."""
+    bus = NatsBus(nats_server.url, publish_timeout_s=0.5, publish_retry_s=30.0)
+    await bus.connect()
+    await asyncio.to_thread(nats_server.kill)
+
+    async def back_after_a_while() -> None:
+        await asyncio.sleep(2.0)
+        await asyncio.to_thread(nats_server.start)
+
+    comeback = asyncio.create_task(back_after_a_while())
+    bucket = subjects.BucketSpec(name=new_id("kv"))
+    await bus.ensure_streams([subjects.WEIGHTS])
+    kv = await bus.kv(bucket)
+    await comeback
+    await kv.put("k", b"v")
+    assert (await bus.js.stream_info(subjects.WEIGHTS.name)).config.name == subjects.WEIGHTS.name
+    await bus.close()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 import nats
@@ -53,6 +54,7 @@ from harnessrl.shared.net import nats_servers
 from harnessrl.shared.subjects import ALL_STREAMS, BucketSpec, StreamSpec, dead_letter
 
 log = get_logger(__name__)
+T = TypeVar("T")
 # JetStream's error code for a stream created by someone else between our lookup and our create.
 _STREAM_NAME_IN_USE = 10058
 # nats-py's inbox without a login; with one, the user's own (`nats_permissions.inbox`).
@@ -167,14 +169,35 @@ class NatsBus(Bus):
         A stream another process created a moment earlier counts as existing.
         """
         for spec in specs:
-            try:
-                info = await self.js.stream_info(spec.name)
-            except nats.js.errors.NotFoundError:
-                if await self._add_stream(spec):
-                    continue
-                info = await self.js.stream_info(spec.name)
-            check_drift(spec, info.config)
-            await self._scale_up(info.config)
+            await self._setting_up(f"stream {spec.name}", functools.partial(self._ensure_stream, spec))
+
+    async def _ensure_stream(self, spec: StreamSpec) -> None:
+        try:
+            info = await self.js.stream_info(spec.name)
+        except nats.js.errors.NotFoundError:
+            if await self._add_stream(spec):
+                return
+            info = await self.js.stream_info(spec.name)
+        check_drift(spec, info.config)
+        await self._scale_up(info.config)
+
+    async def _setting_up(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """A stream or bucket lookup/creation, retried while the JetStream API is late or away.
+
+        A cluster that just formed, or one electing a new meta leader after a node died, leaves
+        API requests unanswered for a few seconds; every step here is idempotent, so it is retried
+        within `publish_retry_s` instead of failing the service's start.
+        """
+
+        def failed(exc: Exception) -> BusError:
+            return BusError(
+                f"setting up {what}: JetStream did not answer within {self.publish_retry_s}s ({exc!r})"
+            )
+
+        async def attempt(_left_s: float) -> T:
+            return await call()
+
+        return await retrying(self.publish_retry_s, attempt, failed)
 
     async def _add_stream(self, spec: StreamSpec) -> bool:
         """Create a stream; False when another process created it first."""
@@ -352,15 +375,18 @@ class NatsBus(Bus):
 
     async def kv(self, spec: BucketSpec) -> KeyValue:
         """Open or create the bucket."""
+        bucket = await self._setting_up(f"bucket {spec.name}", functools.partial(self._open_bucket, spec))
+        return NatsKeyValue(bucket, self.publish_retry_s, js=self.js, name=spec.name)
+
+    async def _open_bucket(self, spec: BucketSpec) -> Any:
         try:
             bucket = await self.js.key_value(spec.name)
         except nats.js.errors.BucketNotFoundError:
-            bucket = await self.js.create_key_value(
+            return await self.js.create_key_value(
                 bucket=spec.name, history=spec.history, replicas=self.replicas
             )
-        else:
-            await self._scale_up((await self.js.stream_info(f"KV_{spec.name}")).config)
-        return NatsKeyValue(bucket, self.publish_retry_s, js=self.js, name=spec.name)
+        await self._scale_up((await self.js.stream_info(f"KV_{spec.name}")).config)
+        return bucket
 
     async def _object_store(self, bucket: str) -> Any:
         try:
