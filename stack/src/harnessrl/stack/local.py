@@ -258,12 +258,17 @@ class LocalStack:
         )
         self._start("controller", settings)
 
-    def start_trainer(self, spec: RunSpec, model_dir: Path, *, ranks: int = 1) -> None:
+    def start_trainer(
+        self, spec: RunSpec, model_dir: Path, *, ranks: int = 1, lr: float | None = None
+    ) -> None:
         """The run's trainer, updating the local vLLM replica after every step.
 
         With `ranks` > 1 it trains data-parallel on that many processes (torchrun, gloo on the
-        CPU): rank 0 runs the service, every rank trains a share of each step's rows.
+        CPU): rank 0 runs the service, every rank trains a share of each step's rows. `lr` is the
+        engine's learning rate (None: the trainer's default).
         """
+        # The trainer shares the cores with vLLM: extra OpenMP threads only spin.
+        engine = EngineSettings(torch_threads=1) if lr is None else EngineSettings(torch_threads=1, lr=lr)
         run_dir = self.home / "runs" / spec.run
         settings = TrainerSettings(
             nats_url=self.nats_url_of(TRAINER),
@@ -277,8 +282,7 @@ class LocalStack:
             batch_groups=spec.batch_tasks,
             max_steps=spec.max_steps,
             tensorboard_dir=str(run_dir / "tensorboard"),
-            # The trainer shares the cores with vLLM: extra OpenMP threads only spin.
-            engine=EngineSettings(torch_threads=1),
+            engine=engine,
         )
         self._start("trainer", settings, ranks=ranks)
 

@@ -97,9 +97,11 @@ class TrainSession:
         model_dir: Path | None = None,
         nats_url: str | None = None,
         ports: StackPorts | None = None,
+        trainer_lr: float | None = None,
     ) -> None:
         self.spec = spec
         self.home = home
+        self.trainer_lr = trainer_lr
         self.model_dir = model_dir or (Path(spec.model) if spec.model else None)
         self.stack = LocalStack(home, ports, nats_url=nats_url)
         self.local = nats_url is None
@@ -133,7 +135,7 @@ class TrainSession:
         self.stack.start_gateway()
         self.stack.start_reward(Path(self.spec.tasks).parent)
         self.stack.start_controller()
-        self.stack.start_trainer(self.spec, model_dir)
+        self.stack.start_trainer(self.spec, model_dir, lr=self.trainer_lr)
 
     async def follow(self, on_version: VersionHook | None = None, *, live: bool = True) -> RunProgress:
         """Submit the run and follow it until the trainer finished `max_steps` or the run stopped.
