@@ -58,6 +58,20 @@ def test_start_ready_restart_and_clean_stop(tmp_path: Path) -> None:
     assert read_state(tmp_path / "home") == []
 
 
+def test_stopping_named_processes_leaves_the_others_running(tmp_path: Path) -> None:
+    """The local stack stops its controller before the rest: `stop(names)` stops only those."""
+    sup = Supervisor(tmp_path / "home")
+    for name in ("first", "second"):
+        sup.start(ProcessSpec(name=name, argv=[sys.executable, "-c", "import time; time.sleep(60)"]))
+    first, second = (status.pid for status in sup.statuses())
+    sup.stop(["second"], grace_s=5)
+    assert pid_alive(first) and not pid_alive(second)
+    assert [state.name for state in read_state(tmp_path / "home")] == ["first"]
+    sup.stop(grace_s=5)
+    assert not pid_alive(first)
+    assert read_state(tmp_path / "home") == []
+
+
 def test_process_that_dies_during_start_reports_its_log(tmp_path: Path) -> None:
     sup = Supervisor(tmp_path)
     argv = [sys.executable, "-c", "import sys; print('boom: bad config'); sys.exit(3)"]

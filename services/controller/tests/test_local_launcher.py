@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.controller.launchers.episode_logs import log_tail
-from harnessrl.controller.launchers.local import LocalLauncher, end_harnesses
+from harnessrl.controller.launchers.local import STOPPED_WITH_DEPLOYMENT, LocalLauncher, end_harnesses
 from harnessrl.controller.launchers.process import ProcessFacts, alive
 from harnessrl.shared.contracts import DETAIL_CHARS
 from harnessrl.testkit.exits import ExitRecorder, launch_request
@@ -144,6 +144,28 @@ async def test_a_stopping_deployment_ends_the_harnesses_a_closed_launcher_left(
     assert not any(alive(facts) for facts in runners)
     assert not any(Path(f"/proc/{pid}").exists() and _running(pid) for pid in children)
     assert end_harnesses(tmp_path) == 0
+
+
+async def test_harnesses_ended_with_the_deployment_are_retried_not_graded(
+    tmp_path: Path, exits: type[ExitRecorder]
+) -> None:
+    """A harness the stopping stack ended (SIGTERM, its runner exits 143) reads as infra on restart.
+
+    Graded as the agent's exit, it would be a reward-0 episode the agent never finished (a CI run's
+    resumed training lost a step to it: the groups it interrupted had no reward variance).
+    """
+    launcher = await started(tmp_path, exits())
+    await launcher.launch(launch_request("cut", ["sh", "-c", "exec sleep 60"], timeout_s=120))
+    await launcher.close()
+    folder = launcher.episode_dir("cut")
+    while not (folder / "proc.json").exists():
+        time.sleep(0.05)
+    time.sleep(0.3)  # the runner has started the harness
+    assert end_harnesses(tmp_path, grace_s=5) == 1
+    assert json.loads((folder / "exit.json").read_text()) == {"exit_code": 143}
+    status = (await (await started(tmp_path, exits())).relist())["cut"]
+    assert status is not None
+    assert (status.outcome, status.reason) == ("infra", STOPPED_WITH_DEPLOYMENT)
 
 
 def _running(pid: int) -> bool:

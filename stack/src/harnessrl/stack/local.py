@@ -291,10 +291,16 @@ class LocalStack:
         self.supervisor.check(on_crash=lambda name, _tail: log.warning("service.restarted", name=name))
 
     def stop(self) -> None:
-        """Stop services, then the harnesses they left running, then vLLM, then NATS."""
-        self.supervisor.stop()
+        """Stop the controller, the harnesses it left running, the other services, vLLM, then NATS.
+
+        The controller goes first: one still watching while the gateway stops would grade the
+        harnesses' failed calls as the agent's failures (reward 0) and launch retries that fail too;
+        stopped first, it leaves them to `end_harnesses`, and the next start retries those episodes.
+        """
+        self.supervisor.stop(["controller"])
         if ended := end_harnesses(self.home / "controller"):
             log.info("stack.harnesses_ended", count=ended)
+        self.supervisor.stop()
         if self.vllm is not None:
             self.vllm.stop()
         if self.nats is not None:

@@ -16,7 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import msgspec
@@ -132,9 +132,9 @@ class Supervisor:
             running.start()
             self._write_state()
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM every process group (reverse start order), then SIGKILL stragglers."""
-        order = list(reversed(self._running.values()))
+    def stop(self, names: Collection[str] | None = None, grace_s: float = 10.0) -> None:
+        """SIGTERM the named process groups (default: all, reverse start order), then SIGKILL stragglers."""
+        order = [r for r in reversed(self._running.values()) if names is None or r.spec.name in names]
         for running in order:
             _signal_group(running, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -145,7 +145,11 @@ class Supervisor:
             if running.process is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     running.process.wait(timeout=5)
-        (self.home / "up.json").unlink(missing_ok=True)
+            del self._running[running.spec.name]
+        if self._running:
+            self._write_state()
+        else:
+            (self.home / "up.json").unlink(missing_ok=True)
 
     def statuses(self) -> list[ProcessStatus]:
         """What runs now."""

@@ -274,6 +274,10 @@ class LocalLauncher(Launcher):
         return ExitStatus(outcome="infra", reason="harness process vanished without an exit status")
 
 
+# Why an episode whose harness the stopping deployment ended did not finish (retried on resume).
+STOPPED_WITH_DEPLOYMENT = "the deployment stopped while the harness ran"
+
+
 def _status_from_code(code: int) -> ExitStatus:
     if code < 0:
         return ExitStatus(outcome="infra", exit_code=code, reason=f"killed by signal {-code}")
@@ -286,18 +290,24 @@ def end_harnesses(state_dir: Path, grace_s: float = 5.0) -> int:
     For a deployment stopping as a whole (the local stack): no controller will adopt them, and a
     harness left running would go on calling a gateway that is gone. Each episode's process group
     gets SIGTERM, and SIGKILL if it still runs after `grace_s`.
+
+    Each one's `outcome.json` says first that the deployment ended it, so the controller of a resumed
+    deployment retries the episode (an infra failure) instead of grading the runner's exit code 143.
     """
-    running = [
-        facts
+    running = {
+        path.parent: facts
         for path in sorted(state_dir.glob("runs/*/*/proc.json"))
         if alive(facts := msgspec.json.decode(path.read_bytes(), type=ProcessFacts))
-    ]
-    for facts in running:
+    }
+    ended = msgspec.json.encode(ExitStatus(outcome="infra", reason=STOPPED_WITH_DEPLOYMENT))
+    for folder, facts in running.items():
+        (folder / "outcome.json").write_bytes(ended)
         signal_group(facts.pid, signal.SIGTERM)
+    running_facts = list(running.values())
     deadline = time.monotonic() + grace_s
-    while any(alive(f) for f in running) and time.monotonic() < deadline:
+    while any(alive(f) for f in running_facts) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for facts in running:
+    for facts in running_facts:
         if alive(facts):
             signal_group(facts.pid, signal.SIGKILL)
     return len(running)
