@@ -88,6 +88,14 @@ def orphans(home: Path) -> list[str]:
     return found
 
 
+def cmdline_of(proc: psutil.Process) -> list[str]:
+    """A process's command line; empty once it exited (a zombie or gone: it runs nothing to find)."""
+    try:
+        return proc.cmdline()
+    except psutil.NoSuchProcess:  # ZombieProcess too
+        return []
+
+
 def tree_of(pid: int) -> list[psutil.Process]:
     """Every process started by `pid`, directly or not."""
     return psutil.Process(pid).children(recursive=True)
@@ -357,7 +365,7 @@ def test_sigkill_of_train_leaves_no_process_behind(tmp_path: Path, tiny_model: P
         )
         log.info("stack up and episodes running after %.1f s", waited)
         tree = tree_of(train.pid)
-        names = " ".join(" ".join(proc.cmdline()) for proc in tree)
+        names = " ".join(" ".join(cmdline_of(proc)) for proc in tree)
         for service in ("nats-server", "vllm", "EngineCore", "gateway", "reward", "controller", "trainer"):
             assert service in names, f"{service} not running before the kill: {names}"
     finally:
