@@ -303,11 +303,10 @@ def end_harnesses(state_dir: Path, grace_s: float = 5.0) -> int:
     for folder, facts in running.items():
         (folder / "outcome.json").write_bytes(ended)
         signal_group(facts.pid, signal.SIGTERM)
-    running_facts = list(running.values())
     deadline = time.monotonic() + grace_s
-    while any(alive(f) for f in running_facts) and time.monotonic() < deadline:
+    while any(alive(f) for f in running.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for facts in running_facts:
+    for facts in running.values():
         if alive(facts):
             signal_group(facts.pid, signal.SIGKILL)
     return len(running)
