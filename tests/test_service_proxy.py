@@ -1,4 +1,4 @@
-"""The kube-proxy stand-in of `make cluster-check`: each connection to the next pod, dead pods skipped.
+"""The kube-proxy stand-in of `make cluster-check`: connections spread over the pods, dead pods skipped.
 
 The proxy script runs here as it runs in its container (`python3 service_proxy.py CONFIG`), in
 front of plain TCP servers that answer with their own name; the Service-to-listener mapping is
@@ -7,6 +7,7 @@ checked on the chart's rendered local-cpu scenario.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -44,34 +45,58 @@ def _ask(port: int) -> str:
         return conn.recv(64).decode()
 
 
+@contextlib.contextmanager
+def _proxy_over(*ports: int) -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """The proxy script in front of these local ports: its listening port and its process."""
+    listen = free_port("127.0.0.1")
+    config = {"listeners": [{"port": listen, "backends": [["127.0.0.1", port] for port in ports]}]}
+    process = subprocess.Popen(
+        [sys.executable, str(PROXY_SCRIPT), json.dumps(config)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline().startswith("serving")
+        yield listen, process
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 @pytest.fixture
 def proxy() -> Iterator[tuple[int, subprocess.Popen[str]]]:
     """A proxy over pods a and b and one port nothing listens on."""
     (a, port_a), (b, port_b) = _named_server("a"), _named_server("b")
-    listen, dead = free_port("127.0.0.1"), free_port("127.0.0.1")
-    backends = [["127.0.0.1", port_a], ["127.0.0.1", dead], ["127.0.0.1", port_b]]
-    config = {"listeners": [{"port": listen, "backends": backends}]}
-    process = subprocess.Popen(
-        [sys.executable, str(PROXY_SCRIPT), json.dumps(config)], stdout=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None and process.stdout.readline().startswith("serving")
-    yield listen, process
-    process.terminate()
-    process.wait(10)
+    with _proxy_over(port_a, free_port("127.0.0.1"), port_b) as proxied:
+        yield proxied
     a.close()
     b.close()
 
 
-def test_connections_go_to_each_pod_in_turn_and_a_dead_one_is_skipped(
+def test_connections_spread_over_the_pods_and_a_dead_one_is_skipped(
     proxy: tuple[int, subprocess.Popen[str]],
 ) -> None:
     port, process = proxy
-    answers = [_ask(port) for _ in range(6)]
-    # Turns a, dead (so the next: b), b, a, dead -> b, b: both pods serve, none is lost.
-    assert answers == ["a", "b", "b", "a", "b", "b"]
+    answers = [_ask(port) for _ in range(40)]
+    # Every connection is served (the dead backend is skipped), and both pods take a share.
+    assert set(answers) == {"a", "b"}
     process.terminate()
     log = process.communicate(timeout=10)[0]
-    assert log.count("connect ") == 6
+    assert log.count("connect ") == 40
+
+
+def test_episodes_run_one_after_another_reach_both_pods() -> None:
+    """An episode opens two connections (its calls, then its upload): a strict turn over two pods
+    sends every episode's calls to one of them (a cluster check saw 53 calls on one gateway, none on
+    the other).
+    """
+    (a, port_a), (b, port_b) = _named_server("a"), _named_server("b")
+    with _proxy_over(port_a, port_b) as (port, _):
+        calls = []
+        for _ in range(30):
+            calls.append(_ask(port))
+            _ask(port)  # the episode's artifact upload
+    a.close()
+    b.close()
+    assert set(calls) == {"a", "b"}
 
 
 def test_every_clusterip_service_gets_a_proxy_and_headless_ones_resolve_to_pods() -> None:
@@ -90,19 +115,11 @@ def test_every_clusterip_service_gets_a_proxy_and_headless_ones_resolve_to_pods(
 
 def test_a_connection_waits_for_a_pod_that_comes_up() -> None:
     """With no pod answering, a connection is held (trying each round again) until one does."""
-    late, listen = free_port("127.0.0.1"), free_port("127.0.0.1")
-    config = {"listeners": [{"port": listen, "backends": [["127.0.0.1", late]]}]}
-    process = subprocess.Popen(
-        [sys.executable, str(PROXY_SCRIPT), json.dumps(config)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None and process.stdout.readline().startswith("serving")
+    late = free_port("127.0.0.1")
+    with _proxy_over(late) as (listen, _):
         timer = threading.Timer(1.0, lambda: _serve_on(late, "late"))
         timer.start()
         assert _ask(listen) == "late"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def _serve_on(port: int, name: str) -> None:

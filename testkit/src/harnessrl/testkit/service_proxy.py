@@ -1,9 +1,11 @@
 """The stand-in for kube-proxy: one container per ClusterIP Service, forwarding each connection.
 
 A Service's DNS names belong to this proxy's container (not to the pods), and every new TCP
-connection goes to the next of the Service's pods in turn, as kube-proxy spreads connections over
-a Service's endpoints; a pod that refuses the connection is skipped for the next one. It uses only
-the standard library, so it runs in any image with python3:
+connection goes to one of the Service's pods drawn at random, as kube-proxy's iptables mode spreads
+connections over a Service's endpoints; a pod that refuses the connection is skipped for the next
+one. Random, not in turn: an episode opens two connections (its calls, then its artifact upload),
+and when episodes run one after another a strict turn sends every episode's calls to the same pod.
+It uses only the standard library, so it runs in any image with python3:
 
     python3 service_proxy.py '{"listeners": [{"port": 8000, "backends": [["pod-a", 8000], ...]}]}'
 
@@ -14,11 +16,11 @@ check sees the spread.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
+import random
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 CONNECT_TIMEOUT_S = 3.0
@@ -54,12 +56,12 @@ async def _dial(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.
 
 
 class Listener:
-    """One Service port: round-robin over its backends, one connection at a time."""
+    """One Service port: each connection to a backend drawn at random, the others tried after it."""
 
     def __init__(self, port: int, backends: Sequence[tuple[str, int]]) -> None:
         self.port = port
         self.backends = list(backends)
-        self._turn: Iterator[int] = itertools.cycle(range(len(self.backends)))
+        self._draw = random.Random()  # noqa: S311 - load spreading, not security
         # Each pod's address when a connection by name last worked: kube-proxy knows endpoints by
         # address, so a name lookup failing or timing out (podman's DNS does, now and then: 3 in 80
         # connects timed out in one cluster check) must not refuse a connection to a pod that is up.
@@ -84,8 +86,8 @@ class Listener:
         return opened
 
     async def _connect(self) -> tuple[str, int, asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """The next backend that answers, tried in turn; None if none does."""
-        first = next(self._turn)
+        """A backend that answers: a random one first, then the ones after it; None if none does."""
+        first = self._draw.randrange(len(self.backends))
         for offset in range(len(self.backends)):
             host, port = self.backends[(first + offset) % len(self.backends)]
             try:
