@@ -329,7 +329,10 @@ class TrainingRun:
         if not seen.get("patches_graded"):
             failures.append("no SWE patch was graded in a grading Job")
         if sum(1 for calls in seen["gateway_calls"].values() if calls > 0) < 2:
-            failures.append(f"episodes did not go through two gateway replicas: {seen['gateway_calls']}")
+            failures.append(
+                f"episodes did not go through two gateway replicas: {seen['gateway_calls']}; "
+                f"the gateway Service's proxy: {_gateway_spread(local)}"
+            )
         if self.jobs is not None:
             seen["episode_jobs"] = len(self.jobs.started)
             seen["episode_failures"] = self.jobs.failed_logs[:3]
@@ -426,3 +429,17 @@ def _gateway_calls(local: LocalCluster) -> dict[str, float]:
             if line.startswith("harnessrl_gateway_requests_total")
         )
     return calls
+
+
+def _gateway_spread(local: LocalCluster) -> dict[str, Any]:
+    """How the gateway Service's proxy spread connections (per pod, refused) and each pod's restarts."""
+    proxy = next(c for name, c in local.proxies.items() if name.endswith("-gateway"))
+    done = subprocess.run(["podman", "logs", proxy], capture_output=True, text=True, check=False)
+    spread: dict[str, Any] = {"refused": 0, "connections": {}}
+    for line in done.stdout.splitlines():
+        if line.startswith("connect "):
+            pod = line.rsplit(" -> ", 1)[1]
+            spread["connections"][pod] = spread["connections"].get(pod, 0) + 1
+        spread["refused"] += line.startswith("refused ")
+    spread["restarts"] = {p.name: local.restarts(p) for p in local.pods if p.component == "gateway"}
+    return spread
