@@ -4,7 +4,7 @@
 replica as podman containers (`pods.run_args`: the pod spec's image, command, env, volumes,
 security context and limits), on a podman network. A ClusterIP Service is a proxy container
 (`service_proxy.py`, the stand-in for kube-proxy) that holds the Service's DNS names (`<svc>`,
-`<svc>.<ns>.svc`, ...) and sends each new connection to the next of its pods; a headless Service's
+`<svc>.<ns>.svc`, ...) and sends each new connection to one of its pods drawn at random; a headless Service's
 names (and `<pod>.<svc>...` for StatefulSet pods) are network aliases of the pods themselves, as
 cluster DNS answers them. Episode pods get a second network that only the gateway Service's proxy
 joins, both networks `--internal` (no route out, none to the other network), standing in for the
