@@ -341,17 +341,29 @@ class TrainingRun:
         return seen
 
     async def _wait_steps(self, bus: NatsBus, failures: list[str]) -> tuple[int, int]:
+        """Wait for `STEPS` trainer steps and at least one new weight version served.
+
+        A step may train nothing and say so (a group whose rewards are all equal, one sampled a
+        version too old; its `WeightVersion` carries the previous weights). With 4-episode groups
+        of a policy that answers about a quarter of its tasks, the second step of one check in
+        three here trained nothing: a zero-variance group and the SWE group graded a version late.
+        """
         deadline = time.monotonic() + TRAIN_TIMEOUT_S
         steps = versions = 0
         while time.monotonic() < deadline:
             metrics = await bus.replay(subjects.METRICS.name, subjects.metrics(RUN, "trainer"))
-            weights = await bus.replay(subjects.WEIGHTS.name, subjects.weights(RUN))
+            weights = [
+                decode(m.data, WeightVersion)
+                for m in await bus.replay(subjects.WEIGHTS.name, subjects.weights(RUN))
+            ]
             steps = len({decode(m.data, StepMetrics).step for m in metrics})
-            versions = len({decode(m.data, WeightVersion).version for m in weights})
-            if steps >= STEPS and versions >= STEPS:
+            versions = len({w.version for w in weights if not w.carries_previous})
+            if steps >= STEPS and versions >= 1:
                 return steps, versions
             await asyncio.sleep(5)
-        failures.append(f"after {TRAIN_TIMEOUT_S:.0f} s: {steps} trainer steps, {versions} weight versions")
+        failures.append(
+            f"after {TRAIN_TIMEOUT_S:.0f} s: {steps} trainer steps, {versions} new weight versions"
+        )
         return steps, versions
 
 
