@@ -17,7 +17,7 @@ import pytest
 
 from harnessrl.shared.bus import NatsBus
 from harnessrl.stack.natsserver import NatsServer
-from harnessrl.testkit.chromium import chromium
+from harnessrl.testkit.chromium import chromium, group_running
 from harnessrl.testkit.dashboard_page import RENDERED, dashboard_process, open_rendered, render_check
 from harnessrl.testkit.recorded_run import RecordedRun, publish_recorded_run
 from harnessrl.trainer.samples import build_rows
@@ -190,3 +190,18 @@ def test_the_analytics_check_renders_a_recorded_run_and_not_an_empty_one(
     assert render_check(nats_server.url, "dash-check", tmp_path / "check.png", tokenizer=tiny_model)
     assert (tmp_path / "check.png").stat().st_size > 10_000
     assert not render_check(nats_server.url, "dash-nothing", tmp_path / "empty.png", timeout_s=4.0)
+
+
+async def test_chromium_stops_with_every_process_it_started_before_its_profile_goes(dashboard: str) -> None:
+    """Chromium's storage and network processes outlive the browser process by a moment and write
+    into the profile meanwhile: removing it then failed ("Directory not empty: 'Default'")."""
+    for _ in range(3):
+        async with chromium() as browser, browser.page() as page:
+            await page.send("Page.navigate", url=f"{dashboard}/?run=dash-chromium")
+            await page.send("Runtime.evaluate", expression="localStorage.setItem('k', 'v'.repeat(1e5))")
+            group = browser.process.pid if browser.process else 0
+            started = group_running(group)
+            profile = browser.profile
+        assert len(started) > 1, started  # the browser's own session holds its helpers
+        assert group_running(group) == [], "a Chromium process outlived stop()"
+        assert not profile.exists()

@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -23,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from harnessrl.shared.process import signal_group
+from harnessrl.stack.spawn import spawn
 
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -127,6 +131,11 @@ class Chromium:
         self._profile = tempfile.TemporaryDirectory(prefix="harnessrl-chromium-")
         self.port = 0
 
+    @property
+    def profile(self) -> Path:
+        """The fresh profile folder (removed by `stop`)."""
+        return Path(self._profile.name)
+
     async def start(self, timeout_s: float = 30.0) -> None:
         """Start Chromium and wait until it says which port its DevTools listen on."""
         process = self._launch()
@@ -138,23 +147,23 @@ class Chromium:
         self.port = port
 
     def _launch(self) -> subprocess.Popen[bytes]:
-        profile = Path(self._profile.name)
+        profile = self.profile
         command = [
             str(chromium_path()), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
             f"--window-size={self.width},{self.height}", "about:blank",
         ]  # fmt: skip
         with (profile / "chromium.log").open("wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            self.process = spawn(command, stdout=log, stderr=subprocess.STDOUT)
         return self.process
 
     def _devtools_port(self) -> int | None:
         """The port Chromium wrote into the profile's `DevToolsActivePort`, once it did."""
-        active = Path(self._profile.name) / "DevToolsActivePort"
+        active = self.profile / "DevToolsActivePort"
         text = active.read_text().strip() if active.exists() else ""
         return int(text.split()[0]) if text else None
 
     def _log_tail(self) -> str:
-        return (Path(self._profile.name) / "chromium.log").read_text(errors="replace")[-2000:]
+        return (self.profile / "chromium.log").read_text(errors="replace")[-2000:]
 
     @contextlib.asynccontextmanager
     async def page(self) -> AsyncIterator[Page]:
@@ -170,15 +179,41 @@ class Chromium:
                 yield page
 
     def stop(self) -> None:
-        """End Chromium and remove its profile."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """End Chromium and every process it started, then remove its profile.
+
+        Chromium runs in a session of its own; its network, storage and renderer processes outlive
+        the browser process by a moment and write into the profile meanwhile, so the profile goes
+        only once none of them runs (SIGKILL after 10 s).
+        """
+        if self.process is not None:
+            group = self.process.pid
+            signal_group(group, signal.SIGTERM)
+            _wait_group(group, timeout_s=10)
+            signal_group(group, signal.SIGKILL)
+            self.process.wait()
+            _wait_group(group, timeout_s=10)
         self._profile.cleanup()
+
+
+def group_running(group: int) -> list[int]:
+    """The processes of process group `group` that still run (a zombie writes nothing: not counted)."""
+    running = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            raw = stat.read_text()
+        except OSError:  # the process ended between listing and reading
+            continue
+        # Fields after the command name (which may hold spaces): state, ppid, pgrp, ...
+        state, _, pgrp = raw[raw.rindex(")") + 2 :].split()[:3]
+        if int(pgrp) == group and state not in ("Z", "X"):
+            running.append(int(stat.parent.name))
+    return running
+
+
+def _wait_group(group: int, *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while group_running(group) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
