@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
 from harnessrl.shared.bus.base import BusError
@@ -100,3 +101,16 @@ def signal_group(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
     """
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of `/proc/<pid>/stat` after the command name (state, ppid, pgrp, ...); None when gone.
+
+    The command name (field 2) may hold spaces and parentheses: everything after its last ')'
+    splits cleanly, so index 0 is the state (field 3) and index 19 the start time (field 22).
+    """
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2 :].split()

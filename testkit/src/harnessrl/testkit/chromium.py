@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from harnessrl.shared.process import signal_group
+from harnessrl.shared.process import proc_stat, signal_group
 from harnessrl.stack.spawn import spawn
 
 CHROMIUM_FLAGS = (
@@ -198,15 +198,10 @@ class Chromium:
 def group_running(group: int) -> list[int]:
     """The processes of process group `group` that still run (a zombie writes nothing: not counted)."""
     running = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            raw = stat.read_text()
-        except OSError:  # the process ended between listing and reading
-            continue
-        # Fields after the command name (which may hold spaces): state, ppid, pgrp, ...
-        state, _, pgrp = raw[raw.rindex(")") + 2 :].split()[:3]
-        if int(pgrp) == group and state not in ("Z", "X"):
-            running.append(int(stat.parent.name))
+    for pid in (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()):
+        fields = proc_stat(pid)  # None: it ended between listing and reading
+        if fields is not None and int(fields[2]) == group and fields[0] not in ("Z", "X"):
+            running.append(pid)
     return running
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import msgspec
+
+from harnessrl.shared.process import proc_stat
 
 
 class ProcessFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -15,24 +15,15 @@ class ProcessFacts(msgspec.Struct, frozen=True, kw_only=True):
     deadline: float
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces; everything after its ')' splits cleanly.
-    return raw[raw.rindex(")") + 2 :].split()
-
-
 def process_facts(pid: int, deadline: float) -> ProcessFacts:
     """Record a just-started process."""
-    fields = _stat_fields(pid)
+    fields = proc_stat(pid)
     return ProcessFacts(pid=pid, start_ticks=int(fields[19]) if fields else 0, deadline=deadline)
 
 
 def alive(facts: ProcessFacts) -> bool:
     """Whether the recorded process still runs (not a zombie, not a reused pid)."""
-    fields = _stat_fields(facts.pid)
+    fields = proc_stat(facts.pid)
     if fields is None or fields[0] in ("Z", "X"):
         return False
     return int(fields[19]) == facts.start_ticks
