@@ -45,11 +45,16 @@ def _ask(port: int) -> str:
         return conn.recv(64).decode()
 
 
+def _proxy_over(*ports: int) -> contextlib.AbstractContextManager[tuple[int, subprocess.Popen[str]]]:
+    """The proxy script in front of these local ports (by name): its listening port and its process."""
+    return _proxy([["127.0.0.1", port, ""] for port in ports])
+
+
 @contextlib.contextmanager
-def _proxy_over(*ports: int) -> Iterator[tuple[int, subprocess.Popen[str]]]:
-    """The proxy script in front of these local ports: its listening port and its process."""
+def _proxy(backends: list[list[object]]) -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """The proxy script in front of these backends (name, port, address): its port and its process."""
     listen = free_port("127.0.0.1")
-    config = {"listeners": [{"port": listen, "backends": [["127.0.0.1", port] for port in ports]}]}
+    config = {"listeners": [{"port": listen, "backends": backends}]}
     process = subprocess.Popen(
         [sys.executable, str(PROXY_SCRIPT), json.dumps(config)], stdout=subprocess.PIPE, text=True
     )
@@ -81,6 +86,9 @@ def test_connections_spread_over_the_pods_and_a_dead_one_is_skipped(
     process.terminate()
     log = process.communicate(timeout=10)[0]
     assert log.count("connect ") == 40
+    # Each time the dead pod was drawn, the skip was logged with why.
+    skips = [line for line in log.splitlines() if line.startswith("skip ")]
+    assert skips and all("ConnectionRefusedError" in line for line in skips)
 
 
 def test_episodes_run_one_after_another_reach_both_pods() -> None:
@@ -104,9 +112,11 @@ def test_every_clusterip_service_gets_a_proxy_and_headless_ones_resolve_to_pods(
     gateway = next(w for w in cluster.workloads(objects) if w.component == "gateway")
     labels = gateway.template["metadata"]["labels"]
     (service,) = cluster.services_of(objects, labels)
-    config = cluster.proxy_config(service, gateway.template["spec"]["containers"][0], ["g-0", "g-1"])
+    endpoints = {"g-0": "10.89.0.7", "g-1": ""}
+    config = cluster.proxy_config(service, gateway.template["spec"]["containers"][0], endpoints)
     http = next(int(p["containerPort"]) for p in gateway.template["spec"]["containers"][0]["ports"])
-    assert [item["backends"] for item in config["listeners"]] == [[["g-0", http], ["g-1", http]]] * 2
+    backends = [["g-0", http, "10.89.0.7"], ["g-1", http, ""]]
+    assert [item["backends"] for item in config["listeners"]] == [backends] * 2
     assert cluster.service_aliases(objects, labels, "g-0") == []  # the gateway's names are the proxy's
     vllm = next(w for w in cluster.workloads(objects) if w.component == "vllm")
     names = cluster.service_aliases(objects, vllm.template["metadata"]["labels"], f"{vllm.name}-0")
@@ -153,3 +163,20 @@ async def test_a_pod_whose_name_stops_resolving_is_reached_at_its_last_address(
     assert again is not None
     again[3].close()
     server.close()
+
+
+def test_pods_are_dialled_at_their_given_address_and_their_names_looked_up_only_when_it_fails() -> None:
+    """kube-proxy knows endpoints by address: the proxy must not need DNS for a pod it was given the
+    address of (podman's DNS timed out so often under load that one gateway pod got no connection).
+    A pod that stops answering at its given address is looked up by name (it may have moved)."""
+    (a, port_a), (b, port_b) = _named_server("a"), _named_server("b")
+    # Pod a's name never resolves; pod b is not at its given address any more, only at its name.
+    backends: list[list[object]] = [["a.invalid", port_a, "127.0.0.1"], ["localhost", port_b, "127.0.0.2"]]
+    with _proxy(backends) as (port, process):
+        answers = [_ask(port) for _ in range(30)]
+        process.terminate()
+        log = process.communicate(timeout=10)[0]
+    a.close()
+    b.close()
+    assert set(answers) == {"a", "b"}
+    assert "skip " not in log

@@ -151,15 +151,20 @@ def job_networks(objects: Sequence[Mapping[str, Any]], labels: Mapping[str, str]
 
 
 def proxy_config(
-    service: Mapping[str, Any], main: Mapping[str, Any], backends: Sequence[str]
+    service: Mapping[str, Any], main: Mapping[str, Any], backends: Mapping[str, str]
 ) -> dict[str, Any]:
-    """The proxy's listeners: each Service port to its target port on every backend container."""
+    """The proxy's listeners: each Service port to its target port on every backend container.
+
+    `backends` maps each container's name to its address (the Service's endpoints); an empty
+    address (a container that has no network yet) leaves the proxy to look the name up.
+    """
     named = {p.get("name"): int(p["containerPort"]) for p in main.get("ports") or []}
     listeners = []
     for port in service["spec"]["ports"]:
         target = port.get("targetPort", port["port"])
         target_port = named[target] if isinstance(target, str) else int(target)
-        listeners.append({"port": int(port["port"]), "backends": [[b, target_port] for b in backends]})
+        endpoints = [[name, target_port, address] for name, address in backends.items()]
+        listeners.append({"port": int(port["port"]), "backends": endpoints})
     return {"listeners": listeners}
 
 
@@ -271,7 +276,8 @@ class LocalCluster:
             name = service["metadata"]["name"]
             if headless(service) or name in self.proxies:
                 continue
-            config = proxy_config(service, started[0].main, [p.container for p in started])
+            endpoints = {p.container: pods.address(p.container, CLUSTER_NET) for p in started}
+            config = proxy_config(service, started[0].main, endpoints)
             aliases = ",".join(f"alias={a}" for a in _dns(name))
             networks = [CLUSTER_NET, EPISODE_NET] if workload.component == "gateway" else [CLUSTER_NET]
             container = f"svc-{name}"

@@ -316,22 +316,24 @@ class TrainingRun:
             if not reply.get("ok"):
                 failures.append(f"submit refused: {reply}")
                 return seen
-            steps, versions = await self._wait_steps(bus, failures)
+            deadline = time.monotonic() + TRAIN_TIMEOUT_S
+            steps, versions = await self._wait_steps(bus, failures, deadline)
             seen["steps"] = steps
             seen["weight_versions"] = versions
+            seen["swe_outcomes"] = await self._wait_swe_ended(bus, failures, deadline)
             seen["episodes_completed"] = await completed(bus, RUN)
             seen["spans_missing"] = await _spans_missing(bus)
-            seen["swe_outcomes"] = await _swe_outcomes(bus, self.swe_task_id)
             seen["patches_graded"] = seen["swe_outcomes"].get("graded-in-job", 0)
         finally:
             await bus.close()
         seen["gateway_calls"] = _gateway_calls(local)
+        seen["gateway_spread"] = _gateway_spread(local)
         if not seen.get("patches_graded"):
             failures.append("no SWE patch was graded in a grading Job")
         if sum(1 for calls in seen["gateway_calls"].values() if calls > 0) < 2:
             failures.append(
                 f"episodes did not go through two gateway replicas: {seen['gateway_calls']}; "
-                f"the gateway Service's proxy: {_gateway_spread(local)}"
+                f"the gateway Service's proxy: {seen['gateway_spread']}"
             )
         if self.jobs is not None:
             seen["episode_jobs"] = len(self.jobs.started)
@@ -340,7 +342,7 @@ class TrainingRun:
                 failures.append(f"the job runner failed {len(self.jobs.errors)} polls: {self.jobs.errors[0]}")
         return seen
 
-    async def _wait_steps(self, bus: NatsBus, failures: list[str]) -> tuple[int, int]:
+    async def _wait_steps(self, bus: NatsBus, failures: list[str], deadline: float) -> tuple[int, int]:
         """Wait for `STEPS` trainer steps and at least one new weight version served.
 
         A step may train nothing and say so (a group whose rewards are all equal, one sampled a
@@ -348,7 +350,6 @@ class TrainingRun:
         of a policy that answers about a quarter of its tasks, the second step of one check in
         three here trained nothing: a zero-variance group and the SWE group graded a version late.
         """
-        deadline = time.monotonic() + TRAIN_TIMEOUT_S
         steps = versions = 0
         while time.monotonic() < deadline:
             metrics = await bus.replay(subjects.METRICS.name, subjects.metrics(RUN, "trainer"))
@@ -365,6 +366,23 @@ class TrainingRun:
             f"after {TRAIN_TIMEOUT_S:.0f} s: {steps} trainer steps, {versions} new weight versions"
         )
         return steps, versions
+
+    async def _wait_swe_ended(self, bus: NatsBus, failures: list[str], deadline: float) -> dict[str, int]:
+        """Wait until each of the SWE group's episodes is graded or failed; how they ended.
+
+        The trainer steps on the first groups ready (the local-cpu trainer's `batch_groups` is 2,
+        a run batch 3 groups), so both steps may pass while the SWE episodes still run or wait
+        for their grading Jobs (1 check in 6 here read the outcomes then and found none).
+        """
+        while True:
+            outcomes = await _swe_outcomes(bus, self.swe_task_id)
+            pending = sum(n for key, n in outcomes.items() if key.startswith("pending"))
+            if sum(outcomes.values()) >= GROUP_SIZE and not pending:
+                return outcomes
+            if time.monotonic() >= deadline:
+                failures.append(f"after {TRAIN_TIMEOUT_S:.0f} s not every SWE episode had ended: {outcomes}")
+                return outcomes
+            await asyncio.sleep(5)
 
 
 @contextlib.contextmanager
@@ -409,19 +427,26 @@ async def _spans_missing(bus: NatsBus) -> int:
 
 
 async def _swe_outcomes(bus: NatsBus, task: str) -> dict[str, int]:
-    """How the SWE task's episodes ended: `graded-in-job`, else each grade outcome or failure."""
-    outcomes: dict[str, int] = {}
+    """How the SWE task's episodes ended: `graded-in-job`, else each grade outcome or failure.
+
+    An episode not graded or failed yet counts as `pending after <the last event it had>`.
+    """
+    ended: dict[str, str] = {}
+    latest: dict[str, str] = {}
     for message in await bus.replay(subjects.EPISODES.name, subjects.episode_events_of_run(RUN)):
         event = decode_event(message.data)
         if event.task != task:
             continue
+        latest[event.episode] = type(event).__name__
         if isinstance(event, EpisodeScored):
             in_job = event.outcome == "graded" and event.details.get("sandbox") == "kubernetes"
-            key = "graded-in-job" if in_job else f"{event.outcome}: {event.details.get('reason', '')}"[:160]
+            reason = f"{event.outcome}: {event.details.get('reason', '')}"[:160]
+            ended[event.episode] = "graded-in-job" if in_job else reason
         elif isinstance(event, EpisodeFailed):
-            key = f"failed {event.cause}: {event.reason}"[:160]
-        else:
-            continue
+            ended[event.episode] = f"failed {event.cause}: {event.reason}"[:160]
+    outcomes: dict[str, int] = {}
+    for episode, kind in latest.items():
+        key = ended.get(episode, f"pending after {kind}")
         outcomes[key] = outcomes.get(key, 0) + 1
     return outcomes
 
@@ -444,14 +469,22 @@ def _gateway_calls(local: LocalCluster) -> dict[str, float]:
 
 
 def _gateway_spread(local: LocalCluster) -> dict[str, Any]:
-    """How the gateway Service's proxy spread connections (per pod, refused) and each pod's restarts."""
+    """How the gateway Service's proxy spread connections, and why it skipped pods.
+
+    Per pod: connections, dials skipped (and the first skip's reason) and restarts; and the
+    connections refused because no pod answered.
+    """
     proxy = next(c for name, c in local.proxies.items() if name.endswith("-gateway"))
     done = subprocess.run(["podman", "logs", proxy], capture_output=True, text=True, check=False)
-    spread: dict[str, Any] = {"refused": 0, "connections": {}}
+    spread: dict[str, Any] = {"refused": 0, "connections": {}, "skipped": {}, "first_skip": {}}
     for line in done.stdout.splitlines():
         if line.startswith("connect "):
             pod = line.rsplit(" -> ", 1)[1]
             spread["connections"][pod] = spread["connections"].get(pod, 0) + 1
+        elif line.startswith("skip "):
+            pod, why = line.split(" -> ", 1)[1].split(": ", 1)
+            spread["skipped"][pod] = spread["skipped"].get(pod, 0) + 1
+            spread["first_skip"].setdefault(pod, why[:200])
         spread["refused"] += line.startswith("refused ")
     spread["restarts"] = {p.name: local.restarts(p) for p in local.pods if p.component == "gateway"}
     return spread

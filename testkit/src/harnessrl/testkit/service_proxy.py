@@ -2,15 +2,22 @@
 
 A Service's DNS names belong to this proxy's container (not to the pods), and every new TCP
 connection goes to one of the Service's pods drawn at random, as kube-proxy's iptables mode spreads
-connections over a Service's endpoints; a pod that refuses the connection is skipped for the next
-one. Random, not in turn: an episode opens two connections (its calls, then its artifact upload),
-and when episodes run one after another a strict turn sends every episode's calls to the same pod.
+connections over a Service's endpoints; a pod that does not answer is skipped for the next one.
+Random, not in turn: an episode opens two connections (its calls, then its artifact upload), and
+when episodes run one after another a strict turn sends every episode's calls to the same pod.
+
+Like kube-proxy, which knows endpoints by address, it dials each pod at the address it is given and
+looks the pod's name up only when that address stops answering (a restarted pod may come back
+elsewhere). podman's DNS is slow on a loaded machine: when the proxy looked every name up, one
+cluster check sent all 49 connections to one gateway pod because the other's lookups timed out.
+
 It uses only the standard library, so it runs in any image with python3:
 
-    python3 service_proxy.py '{"listeners": [{"port": 8000, "backends": [["pod-a", 8000], ...]}]}'
+    python3 service_proxy.py '{"listeners": [{"port": 80, "backends": [["pod-a", 8000, "10.89.0.5"], ...]}]}'
 
-Each accepted connection is logged as one line (`connect <port> -> <host>:<port>`), which is how a
-check sees the spread.
+An empty address (`["pod-a", 8000, ""]`) has the proxy look the name up on first use. Each accepted
+connection is logged as one line (`connect <port> -> <host>:<port>`) and each skipped pod as one
+(`skip <port> -> <host>:<port>: <why>`), which is how a check sees the spread.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import json
 import random
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 CONNECT_TIMEOUT_S = 3.0
@@ -58,14 +65,15 @@ async def _dial(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.
 class Listener:
     """One Service port: each connection to a backend drawn at random, the others tried after it."""
 
-    def __init__(self, port: int, backends: Sequence[tuple[str, int]]) -> None:
+    def __init__(
+        self, port: int, backends: Sequence[tuple[str, int]], addresses: Mapping[str, str] | None = None
+    ) -> None:
         self.port = port
         self.backends = list(backends)
         self._draw = random.Random()  # noqa: S311 - load spreading, not security
-        # Each pod's address when a connection by name last worked: kube-proxy knows endpoints by
-        # address, so a name lookup failing or timing out (podman's DNS does, now and then: 3 in 80
-        # connects timed out in one cluster check) must not refuse a connection to a pod that is up.
-        self._addresses: dict[str, str] = {}
+        # Each pod's address: as given, then wherever its name last resolved to a pod that answered.
+        # A name lookup failing or timing out must not refuse a connection to a pod that is up.
+        self._addresses: dict[str, str] = dict(addresses or {})
 
     async def _open(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A connection to one pod: at the address it last had, else at the one its name resolves to.
@@ -92,7 +100,8 @@ class Listener:
             host, port = self.backends[(first + offset) % len(self.backends)]
             try:
                 up_reader, up_writer = await self._open(host, port)
-            except (OSError, TimeoutError):
+            except (OSError, TimeoutError) as error:
+                _log(f"skip {self.port} -> {host}:{port}: {type(error).__name__} {error}")
                 continue
             return host, port, up_reader, up_writer
         return None
@@ -121,8 +130,9 @@ async def serve(config: dict[str, Any]) -> None:
     """Listen on every configured port until the container stops."""
     servers = []
     for item in config["listeners"]:
-        backends = [(str(host), int(port)) for host, port in item["backends"]]
-        listener = Listener(int(item["port"]), backends)
+        backends = [(str(host), int(port)) for host, port, _ in item["backends"]]
+        addresses = {str(host): str(address) for host, _, address in item["backends"] if address}
+        listener = Listener(int(item["port"]), backends, addresses)
         servers.append(await asyncio.start_server(listener.handle, "0.0.0.0", listener.port))  # noqa: S104 - the Service's address
     _log(f"serving {[item['port'] for item in config['listeners']]}")
     await asyncio.gather(*(server.serve_forever() for server in servers))
