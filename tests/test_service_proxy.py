@@ -150,7 +150,7 @@ async def test_a_pod_whose_name_stops_resolving_is_reached_at_its_last_address(
 ) -> None:
     """podman's DNS fails names for a moment while containers start; kube-proxy would not care."""
     server, port = _named_server("a")
-    listener = service_proxy.Listener(9, [("localhost", port)])
+    listener = service_proxy.Listener(9, [("localhost", port, "")])
     first = await listener._connect()
     assert first is not None and first[0] == "localhost"
     first[3].close()

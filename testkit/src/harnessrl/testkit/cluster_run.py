@@ -50,7 +50,7 @@ from harnessrl.shared.contracts import (
 )
 from harnessrl.stack.demo import swe_tasks
 from harnessrl.stack.demo.tasks import task_spec, training_pairs, write_tasks
-from harnessrl.testkit import cluster, pods
+from harnessrl.testkit import cluster, pods, service_proxy
 from harnessrl.testkit.cluster import CLUSTER_NET, NAMESPACE, LocalCluster, free_port
 from harnessrl.testkit.controller_client import ask, completed
 from harnessrl.testkit.fake_kube import FakeKubeServer
@@ -469,22 +469,9 @@ def _gateway_calls(local: LocalCluster) -> dict[str, float]:
 
 
 def _gateway_spread(local: LocalCluster) -> dict[str, Any]:
-    """How the gateway Service's proxy spread connections, and why it skipped pods.
-
-    Per pod: connections, dials skipped (and the first skip's reason) and restarts; and the
-    connections refused because no pod answered.
-    """
+    """How the gateway Service's proxy spread connections (`service_proxy.spread`), with restarts."""
     proxy = next(c for name, c in local.proxies.items() if name.endswith("-gateway"))
     done = subprocess.run(["podman", "logs", proxy], capture_output=True, text=True, check=False)
-    spread: dict[str, Any] = {"refused": 0, "connections": {}, "skipped": {}, "first_skip": {}}
-    for line in done.stdout.splitlines():
-        if line.startswith("connect "):
-            pod = line.rsplit(" -> ", 1)[1]
-            spread["connections"][pod] = spread["connections"].get(pod, 0) + 1
-        elif line.startswith("skip "):
-            pod, why = line.split(" -> ", 1)[1].split(": ", 1)
-            spread["skipped"][pod] = spread["skipped"].get(pod, 0) + 1
-            spread["first_skip"].setdefault(pod, why[:200])
-        spread["refused"] += line.startswith("refused ")
+    spread = service_proxy.spread(done.stdout)
     spread["restarts"] = {p.name: local.restarts(p) for p in local.pods if p.component == "gateway"}
     return spread

@@ -27,7 +27,7 @@ import json
 import random
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 CONNECT_TIMEOUT_S = 3.0
@@ -65,15 +65,14 @@ async def _dial(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.
 class Listener:
     """One Service port: each connection to a backend drawn at random, the others tried after it."""
 
-    def __init__(
-        self, port: int, backends: Sequence[tuple[str, int]], addresses: Mapping[str, str] | None = None
-    ) -> None:
+    def __init__(self, port: int, backends: Sequence[tuple[str, int, str]]) -> None:
+        """`backends`: each pod's name, port and address ("" to look the name up on first use)."""
         self.port = port
-        self.backends = list(backends)
+        self.backends = [(host, port) for host, port, _ in backends]
         self._draw = random.Random()  # noqa: S311 - load spreading, not security
         # Each pod's address: as given, then wherever its name last resolved to a pod that answered.
         # A name lookup failing or timing out must not refuse a connection to a pod that is up.
-        self._addresses: dict[str, str] = dict(addresses or {})
+        self._addresses = {host: address for host, _, address in backends if address}
 
     async def _open(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A connection to one pod: at the address it last had, else at the one its name resolves to.
@@ -126,13 +125,31 @@ class Listener:
         writer.close()
 
 
+def spread(log: str) -> dict[str, Any]:
+    """What a proxy's log says of its spread.
+
+    Per pod: connections and skipped dials (with the first skip's reason); and the connections
+    refused because no pod answered.
+    """
+    found: dict[str, Any] = {"refused": 0, "connections": {}, "skipped": {}, "first_skip": {}}
+    for line in log.splitlines():
+        if line.startswith("connect "):
+            pod = line.rsplit(" -> ", 1)[1]
+            found["connections"][pod] = found["connections"].get(pod, 0) + 1
+        elif line.startswith("skip "):
+            pod, why = line.split(" -> ", 1)[1].split(": ", 1)
+            found["skipped"][pod] = found["skipped"].get(pod, 0) + 1
+            found["first_skip"].setdefault(pod, why[:200])
+        found["refused"] += line.startswith("refused ")
+    return found
+
+
 async def serve(config: dict[str, Any]) -> None:
     """Listen on every configured port until the container stops."""
     servers = []
     for item in config["listeners"]:
-        backends = [(str(host), int(port)) for host, port, _ in item["backends"]]
-        addresses = {str(host): str(address) for host, _, address in item["backends"] if address}
-        listener = Listener(int(item["port"]), backends, addresses)
+        backends = [(str(host), int(port), str(address)) for host, port, address in item["backends"]]
+        listener = Listener(int(item["port"]), backends)
         servers.append(await asyncio.start_server(listener.handle, "0.0.0.0", listener.port))  # noqa: S104 - the Service's address
     _log(f"serving {[item['port'] for item in config['listeners']]}")
     await asyncio.gather(*(server.serve_forever() for server in servers))
