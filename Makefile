@@ -21,8 +21,21 @@ fmt: dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The suite runs on XDIST_WORKERS processes (default: one per core); each test file stays whole on
+# one worker, costliest first (harnessrl.testkit.parallel), so module fixtures start once. It ends with the table of where the time went, whose whole
+# JSON lands in .harnessrl/test-times/last.json; `make test-times` keeps one per commit
+# (BASE=old.json also prints the two side by side).
+XDIST_WORKERS ?= auto
+SUITE = $(PY) -m pytest -m "not images" -n $(XDIST_WORKERS) --dist loadfile --no-loadscope-reorder
+TIMES ?= .harnessrl/test-times/$(shell git rev-parse --short HEAD 2>/dev/null || echo worktree).json
+
 test: check
-	$(PY) -m pytest -m "not images" $(PYTEST_ARGS)
+	$(SUITE) --times-json .harnessrl/test-times/last.json $(PYTEST_ARGS)
+
+.PHONY: test-times
+test-times: dev
+	$(SUITE) --times-json $(TIMES) $(PYTEST_ARGS)
+	@[ -z "$(BASE)" ] || $(PY) -m harnessrl.testkit.timing compare $(BASE) $(TIMES)
 
 demo: dev
 	$(VENV)/bin/harnessrl demo

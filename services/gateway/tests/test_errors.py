@@ -64,6 +64,7 @@ def _anthropic_error(payload: dict[str, Any], kind: str) -> None:
         (sign_episode_key(b"other-secret", "run1", "ep-x", 60), 401, "authentication_error"),
         (sign_episode_key(b"test-secret", "run1", "ep-x", -1), 401, "authentication_error"),
     ],
+    ids=["no-key", "not-an-episode-key", "other-secret", "expired"],  # keys hold the time: ids must not
 )
 async def test_bad_keys_are_401(gateway: RunningGateway, key: str | None, status: int, kind: str) -> None:
     code, payload, _ = await _post(gateway.url + "/v1/chat/completions", key=key, body=CHAT)

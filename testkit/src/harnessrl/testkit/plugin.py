@@ -1,6 +1,8 @@
 """The harnessrl pytest plugin: a real nats-server per session and a connected bus per test.
 
 `nats_cluster` is a real three-node JetStream cluster (started only for the tests that ask for it).
+Every session ends with the table of where its time went (`harnessrl.testkit.timing`); under xdist
+each test file is one unit of work, costliest first (`harnessrl.testkit.parallel`).
 
 Model and vLLM fixtures live in `model_fixtures` and are re-exported here, so every package's tests
 get `nats_server`, `bus`, `tiny_model` and `vllm_server` without a conftest.
@@ -19,6 +21,7 @@ from harnessrl.shared.bus import NatsBus
 from harnessrl.stack.natsserver import NatsCluster, NatsServer
 from harnessrl.testkit.model_fixtures import tiny_model, vllm_server
 
+pytest_plugins = ["harnessrl.testkit.timing", "harnessrl.testkit.parallel"]
 __all__ = ["bus", "nats_cluster", "nats_server", "open_bus", "say", "tiny_model", "vllm_server"]
 
 

@@ -51,7 +51,8 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
     chat: dict[str, Any] = {k: v for k, v in body.items() if k not in _MESSAGES_FIELDS}
     chat.update({k: body[k] for k in _SAMPLING if k in body})
     chat["model"] = body.get("model", "")
-    chat["max_tokens"] = body["max_tokens"]
+    if "max_tokens" in body:  # required by `/v1/messages`, absent from `count_tokens`
+        chat["max_tokens"] = body["max_tokens"]
     if body.get("stop_sequences"):
         chat["stop"] = body["stop_sequences"]
     messages = _system_messages(body.get("system"))

@@ -47,7 +47,7 @@ from harnessrl.gateway.forwarding import Forwarder
 from harnessrl.gateway.recorder import CallRecord, request_params
 from harnessrl.gateway.service import Gateway
 from harnessrl.gateway.stream_relay import relay_stream
-from harnessrl.gateway.token_in import TokenIn
+from harnessrl.gateway.token_in import NoRender, TokenIn
 from harnessrl.shared.contracts import CLIENT_MAX_CHARS
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.keys import EpisodeClaims
@@ -57,12 +57,15 @@ log = get_logger(__name__)
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
-_PASSTHROUGH = {"/v1/messages/count_tokens": "POST", "/v1/models": "GET"}
+COUNT_TOKENS = "/v1/messages/count_tokens"
+_PASSTHROUGH = {"/v1/models": "GET"}
+_MESSAGES = API_BY_PATH["/v1/messages"]
 _REQUIRED_FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "chat": (("messages", list),),
     "completions": (("prompt", (str, list)),),
     "responses": (("input", (str, list)),),
     "messages": (("messages", list), ("max_tokens", int)),
+    "count_tokens": (("messages", list),),
 }
 
 
@@ -92,7 +95,8 @@ class Proxy:
             path_key, _, tail = path[3:].partition("/")
             path = "/" + tail
         dialect: Dialect = "anthropic" if path.startswith("/v1/messages") else "openai"
-        route = path if path in API_BY_PATH or path in _PASSTHROUGH or path == artifacts.PATH else "other"
+        known = path in API_BY_PATH or path in _PASSTHROUGH or path in (artifacts.PATH, COUNT_TOKENS)
+        route = path if known else "other"
         started = time.perf_counter()
         status = 500
         try:
@@ -130,6 +134,9 @@ class Proxy:
         if api is not None:
             _require_method(method, "POST")
             return await self._llm_call(api, path_key, scope, receive, send)
+        if path == COUNT_TOKENS:
+            _require_method(method, "POST")
+            return await self._count_tokens(path_key, scope, receive, send)
         if path in _PASSTHROUGH:
             _require_method(method, _PASSTHROUGH[path])
             claims, _ = await self.authenticate(scope, path_key)
@@ -153,11 +160,30 @@ class Proxy:
             raise Forbidden("episode is closed")
         return claims, episode
 
+    async def _count_tokens(self, path_key: str | None, scope: Scope, receive: Receive, send: Send) -> int:
+        """`{"input_tokens": N}`: N is the prompt length `/v1/messages` would send upstream for this body.
+
+        Whatever the model name (as `/v1/messages`, it serves the run's policy); token-in runs count
+        the spliced prompt. A replica that can't render (no `/tokenize`: not vLLM) counts itself.
+        """
+        claims, episode = await self.authenticate(scope, path_key)
+        raw = await read_body(scope, receive, self.settings.max_body_bytes)
+        body = _parse_body(raw, "count_tokens")
+        _MESSAGES.prepare(body)  # to the chat request the Messages route sends
+        body.update({**self.settings.sampling, **self.gateway.episodes.sampling(claims.run)})
+        call = CallRecord(run=claims.run, episode=claims.episode, api="messages", span_id=new_id("span"))
+        try:
+            tokens = await self.token_in.count(call, episode.spans, body)
+        except NoRender:
+            return await self.forwarder.passthrough(claims, COUNT_TOKENS, "POST", scope, body=raw, send=send)
+        await respond(send, 200, _encoder.encode({"input_tokens": tokens}), JSON_HEADERS)
+        return 200
+
     async def _llm_call(
         self, api: Api, path_key: str | None, scope: Scope, receive: Receive, send: Send
     ) -> int:
         claims, episode = await self.authenticate(scope, path_key)
-        body = _parse_body(await read_body(scope, receive, self.settings.max_body_bytes), api)
+        body = _parse_body(await read_body(scope, receive, self.settings.max_body_bytes), api.kind)
         call = CallRecord(run=claims.run, episode=claims.episode, api=api.kind, span_id=new_id("span"))
         call.params = request_params(body)
         call.client = (header(scope, b"user-agent") or b"").decode("utf-8", "replace")[:CLIENT_MAX_CHARS]
@@ -214,7 +240,7 @@ def _require_method(method: str, allowed: str) -> None:
         raise MethodNotAllowed(f"use {allowed}")
 
 
-def _parse_body(raw: bytes, api: Api) -> dict[str, Any]:
+def _parse_body(raw: bytes, kind: str) -> dict[str, Any]:
     """Decode and shape-check the fields the gateway relies on; the upstream checks the rest."""
     try:
         body = _decoder.decode(raw)
@@ -224,10 +250,10 @@ def _parse_body(raw: bytes, api: Api) -> dict[str, Any]:
         raise BadRequest("request body is nested too deeply") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    for name, kind in _REQUIRED_FIELDS[api.kind]:
+    for name, wanted in _REQUIRED_FIELDS[kind]:
         value = body.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise BadRequest(f"`{name}` is required and must be {_kind_name(kind)}")
+        if not isinstance(value, wanted) or isinstance(value, bool):
+            raise BadRequest(f"`{name}` is required and must be {_kind_name(wanted)}")
     if not isinstance(body.get("stream", False), bool):
         raise BadRequest("`stream` must be a boolean")
     if "model" in body and not isinstance(body["model"], str):

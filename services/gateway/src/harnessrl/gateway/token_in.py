@@ -90,20 +90,11 @@ class TokenIn:
         wrapper = _WRAPPERS.get(api.kind)
         if wrapper is None or not isinstance(body.get("messages"), list):
             return self._plain("api", api, body)
-        if _plain_only(body):
-            return self._plain("request", api, body)
-        messages: list[Any] = body["messages"]
-        try:
-            digests = prefix_digests(messages)
-        except RecursionError:  # nested too deep to digest: vLLM answers such a request itself
-            return self._plain("request", api, body)
-        try:
-            upstream, full = await self.renderer.render_anywhere(call.episode, body, messages)
-        except NoRender:
-            return self._plain("no_render", api, body)
-        case, prompt, parent = await self._prompt(call, spans, body, upstream, digests, full)
-        self.metrics.token_in.labels(case, "").inc()
-        call.token_in = TokenInCall(case, digests[-1] if digests else "", parent)
+        planned = await self.prompt(call, spans, body)
+        if isinstance(planned, str):
+            return self._plain(planned, api, body)
+        upstream, prompt, call.token_in = planned
+        self.metrics.token_in.labels(call.token_in.case, "").inc()
         sent = completions_body(body, prompt, self.renderer.windows.get(upstream.url))
         settings = self.gateway.settings
         parser = AnswerParser.for_request(body, settings.tool_parser, settings.reasoning_parser)
@@ -111,6 +102,37 @@ class TokenIn:
             sent["skip_special_tokens"] = False
         shaped = wrapper(api, call.token_in, parser=parser, top_logprobs=sent["logprobs"])
         return shaped, sent
+
+    async def prompt(
+        self, call: CallRecord, spans: EpisodeSpans, body: dict[str, Any]
+    ) -> tuple[Upstream, list[int], TokenInCall] | str:
+        """The replica, prompt ids and case a token-in call of this body sends; else why it goes plain."""
+        if _plain_only(body):
+            return "request"
+        messages: list[Any] = body["messages"]
+        try:
+            digests = prefix_digests(messages)
+        except RecursionError:  # nested too deep to digest: vLLM answers such a request itself
+            return "request"
+        try:
+            upstream, full = await self.renderer.render_anywhere(call.episode, body, messages)
+        except NoRender:
+            return "no_render"
+        case, prompt, parent = await self._prompt(call, spans, body, upstream, digests, full)
+        return upstream, prompt, TokenInCall(case, digests[-1] if digests else "", parent)
+
+    async def count(self, call: CallRecord, spans: EpisodeSpans, body: dict[str, Any]) -> int:
+        """How many prompt tokens a call of this chat body sends upstream (`count_tokens`).
+
+        The token-in prompt when the run goes token-in and the call would, else the chat render.
+        NoRender when the replica can't render (no `/tokenize`).
+        """
+        if self.enabled(call.run):
+            planned = await self.prompt(call, spans, body)
+            if not isinstance(planned, str):
+                return len(planned[1])
+        _, full = await self.renderer.render_anywhere(call.episode, body, body["messages"])
+        return len(full)
 
     def _plain(self, reason: str, api: Api, body: dict[str, Any]) -> tuple[Api, dict[str, Any]]:
         """The call goes the plain chat way, counted by why."""
