@@ -37,11 +37,11 @@ def test_a_failing_step_keeps_its_exit_code_and_still_prints_its_time() -> None:
     assert "ci: broken took 0 s" in done.stdout and "budget" not in done.stdout
 
 
-def test_ci_times_every_step_and_itself_within_the_issue_budgets() -> None:
-    """`.ci/run` runs its whole self under a 60-minute budget and `make test` under 25."""
+def test_ci_times_every_step_and_itself_within_its_budgets() -> None:
+    """`.ci/run` runs its whole self under a 75-minute budget and `make test` under 45 (README)."""
     lines = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert any('exec scripts/timed.sh ".ci/run" 3600 "$0"' in line for line in lines)
-    assert 'scripts/timed.sh "make test" 1500 make test' in lines
+    assert any('exec scripts/timed.sh ".ci/run" 4500 "$0"' in line for line in lines)
+    assert 'scripts/timed.sh "make test" 2700 make test' in lines
 
 
 SUITE = """
@@ -70,13 +70,13 @@ def test_also_the_server(slow_server):
 """
 
 
-def run_suite(tmp_path: Path, *extra: str) -> dict[str, object]:
-    (tmp_path / "test_sample.py").write_text(textwrap.dedent(SUITE))
+def run_suite(tmp_path: Path, *extra: str, suite: str = SUITE, ok: bool = True) -> dict[str, object]:
+    (tmp_path / "test_sample.py").write_text(textwrap.dedent(suite))
     out = tmp_path / "times.json"
     command = [sys.executable, "-m", "pytest", "-q", "--rootdir", str(tmp_path)]
     command += ["-c", "/dev/null", "--times-json", str(out), *extra, str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert (done.returncode == 0) is ok, done.stdout + done.stderr
     assert "where the time went: 6 tests" in done.stdout, done.stdout
     return dict(json.loads(out.read_text()))
 
@@ -107,6 +107,17 @@ def test_under_xdist_every_workers_fixtures_reach_the_table(tmp_path: Path) -> N
     server_users = {t["worker"] for t in times["tests"] if "server" in t["nodeid"]}  # type: ignore[attr-defined]
     assert fixtures["slow_server"]["instances"] == len(server_users)
     assert fixtures["slow_server"]["teardown_s"] >= 0.3 * len(server_users)
+
+
+def test_a_worker_that_dies_mid_test_leaves_the_test_failed_in_the_table(tmp_path: Path) -> None:
+    """What a timeout does under xdist (the thread method ends the worker): the rest still runs."""
+    dying = SUITE.replace(
+        "def test_also_the_server(slow_server):\n    pass", "def test_dies():\n    os._exit(3)"
+    )
+    times = run_suite(tmp_path, "-n", "2", suite="import os\n" + dying, ok=False)
+    outcomes = {t["nodeid"].split("::")[-1]: t["outcome"] for t in times["tests"]}  # type: ignore[attr-defined]
+    assert outcomes.pop("test_dies") == "failed"
+    assert set(outcomes.values()) == {"passed"} and len(outcomes) == 5
 
 
 def test_compare_sets_two_tables_side_by_side(tmp_path: Path) -> None:

@@ -121,7 +121,8 @@ class Recorder:
         worker_id = getattr(worker, "gateway", None)
         nodeid = plain_id(report.nodeid)
         test = self.tests.setdefault(nodeid, TestTime(nodeid=nodeid))
-        setattr(test, f"{report.when}_s", report.duration)
+        phase = report.when if report.when in ("setup", "teardown") else "call"  # "???": its worker crashed
+        setattr(test, f"{phase}_s", getattr(test, f"{phase}_s") + report.duration)
         if worker_id is not None:
             test.worker = worker_id.id
             self.workers.add(worker_id.id)
