@@ -64,7 +64,7 @@ async def gateway(
 async def counted_then_sent(client: AsyncAnthropic, body: dict[str, Any]) -> tuple[int, Any]:
     """The count for `body`, then the reply to the same body sent to `/v1/messages`."""
     counted = await client.messages.count_tokens(model=MODEL, **body)
-    reply = await client.messages.create(model=MODEL, max_tokens=4, temperature=0.0, **body)
+    reply = await client.messages.create(model=MODEL, max_tokens=4, extra_body={"temperature": 0.0}, **body)
     return counted.input_tokens, reply
 
 
