@@ -45,9 +45,10 @@ from harnessrl.gateway.errors import (
 )
 from harnessrl.gateway.forwarding import Forwarder
 from harnessrl.gateway.recorder import CallRecord, request_params
+from harnessrl.gateway.render import NoRender
 from harnessrl.gateway.service import Gateway
 from harnessrl.gateway.stream_relay import relay_stream
-from harnessrl.gateway.token_in import NoRender, TokenIn
+from harnessrl.gateway.token_in import TokenIn
 from harnessrl.shared.contracts import CLIENT_MAX_CHARS
 from harnessrl.shared.ids import new_id
 from harnessrl.shared.keys import EpisodeClaims
