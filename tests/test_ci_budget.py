@@ -63,10 +63,10 @@ def test_uses_the_server(slow_server, quick):
 
 @pytest.mark.parametrize("n", range(4))
 def test_many(n, quick):
-    pass
+    assert quick == 1
 
 def test_also_the_server(slow_server):
-    pass
+    assert slow_server == "up"
 """
 
 
@@ -111,9 +111,9 @@ def test_under_xdist_every_workers_fixtures_reach_the_table(tmp_path: Path) -> N
 
 def test_a_worker_that_dies_mid_test_leaves_the_test_failed_in_the_table(tmp_path: Path) -> None:
     """What a timeout does under xdist (the thread method ends the worker): the rest still runs."""
-    dying = SUITE.replace(
-        "def test_also_the_server(slow_server):\n    pass", "def test_dies():\n    os._exit(3)"
-    )
+    dying = SUITE.replace('def test_also_the_server(slow_server):\n    assert slow_server == "up"', "")
+    dying += "\ndef test_dies():\n    os._exit(3)\n"
+    assert dying.count("def test_") == SUITE.count("def test_")
     times = run_suite(tmp_path, "-n", "2", suite="import os\n" + dying, ok=False)
     outcomes = {t["nodeid"].split("::")[-1]: t["outcome"] for t in times["tests"]}  # type: ignore[attr-defined]
     assert outcomes.pop("test_dies") == "failed"
