@@ -161,6 +161,10 @@ class Proxy:
             raise Forbidden("episode is closed")
         return claims, episode
 
+    def _sampling_policy(self, run: str) -> dict[str, Any]:
+        """The run's sampling policy over the gateway's default (both win over the client's)."""
+        return {**self.settings.sampling, **self.gateway.episodes.sampling(run)}
+
     async def _count_tokens(self, path_key: str | None, scope: Scope, receive: Receive, send: Send) -> int:
         """`{"input_tokens": N}`: N is the prompt length `/v1/messages` would send upstream for this body.
 
@@ -171,7 +175,7 @@ class Proxy:
         raw = await read_body(scope, receive, self.settings.max_body_bytes)
         body = _parse_body(raw, "count_tokens")
         _MESSAGES.prepare(body)  # to the chat request the Messages route sends
-        body.update({**self.settings.sampling, **self.gateway.episodes.sampling(claims.run)})
+        body.update(self._sampling_policy(claims.run))
         call = CallRecord(run=claims.run, episode=claims.episode, api="messages", span_id=new_id("span"))
         try:
             tokens = await self.token_in.count(call, episode.spans, body)
@@ -198,8 +202,7 @@ class Proxy:
             raise Unavailable("paused for a weight update", retry_after=5.0)
         self.metrics.in_flight.inc()
         try:
-            # The run's sampling policy wins over the gateway's default, both over the client's.
-            policy = {**self.settings.sampling, **self.gateway.episodes.sampling(claims.run)}
+            policy = self._sampling_policy(claims.run)
             body.update(policy)
             call.params.update(policy)  # the span records what was sampled with
             if self.token_in.enabled(claims.run):
