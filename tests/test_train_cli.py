@@ -428,11 +428,16 @@ def test_a_harness_that_cannot_start_stops_the_run_within_a_minute(tmp_path: Pat
     assert orphans(home) == []
 
 
-def test_a_run_that_trains_nothing_warns_and_fails(tmp_path: Path, tiny_model: Path) -> None:
-    """Episodes that never call the model complete, but no step has a token to train on."""
-    spec = multiply_spec(tmp_path, "idle", 3, ["sh", "-c", "true"])
+def test_a_run_that_trains_nothing_warns_and_fails_at_the_max_steps_flag(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """Episodes that never call the model complete, but no step has a token to train on.
+
+    The spec asks for 5 steps; `--max-steps 3` ends the run after 3.
+    """
+    spec = multiply_spec(tmp_path, "idle", 5, ["sh", "-c", "true"])
     home = tmp_path / "home"
-    argv = [CLI, "train", str(spec), "--model", str(tiny_model), "--home", str(home)]
+    argv = [CLI, "train", str(spec), "--max-steps", "3", "--model", str(tiny_model), "--home", str(home)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
     said = " ".join(done.stderr.split())
     assert done.returncode == 1, done.stderr[-3000:]
@@ -441,23 +446,11 @@ def test_a_run_that_trains_nothing_warns_and_fails(tmp_path: Path, tiny_model: P
     summary = json.loads((home / "runs" / "idle" / "summary.json").read_text())
     [warning] = summary["warnings"]
     assert (warning["first_step"], warning["last_step"]) == (1, 3) and sum(warning["counts"].values()) > 0
-    assert summary["trained_steps"] == 0 and summary["stopped"] is None
+    assert summary["max_steps"] == 3 and summary["trained_steps"] == 0 and summary["stopped"] is None
     assert "nothing was trained" in summary["why"]
     assert all(reason in summary["why"] for reason in warning["counts"])
     assert last_line(done.stdout) == {"run": "idle", "steps": 3, "version": 0}
     assert (home / "runs" / "idle" / "progress.png").stat().st_size > 0
-    assert orphans(home) == []
-
-
-def test_max_steps_flag_shortens_the_run(tmp_path: Path, tiny_model: Path) -> None:
-    spec = multiply_spec(tmp_path, "short", 5)
-    home = tmp_path / "home"
-    argv = [CLI, "train", str(spec), "--max-steps", "1", "--model", str(tiny_model), "--home", str(home)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert last_line(done.stdout) == {"run": "short", "steps": 1, "version": 1}
-    summary = json.loads((home / "runs" / "short" / "summary.json").read_text())
-    assert summary["max_steps"] == 1 and summary["trained_steps"] == 1 and summary["why"] is None
     assert orphans(home) == []
 
 

