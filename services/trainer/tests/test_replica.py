@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harnessrl.stack.vllm import VllmServer
 from harnessrl.trainer.errors import ReplicaError
-from harnessrl.trainer.replica import VllmReplica
+from harnessrl.trainer.replica import VllmReplica, wait_serving
 
 TOLERANCE = 2e-3
 PROBE_TOKENS = 8
@@ -80,11 +80,18 @@ async def test_reload_serves_the_new_weights(
 async def test_reloaded_replica_equals_a_fresh_one(
     replica: VllmReplica, perturbed_model: Path, probe_ids: list[int], tmp_path: Path
 ) -> None:
+    """The fresh one is waited for as a trainer started beside it waits (`wait_serving`)."""
     await replica.reload_from(perturbed_model)
     reloaded = await replica.probe_logprobs(probe_ids, PROBE_TOKENS)
-    with VllmServer(perturbed_model, log_file=tmp_path / "fresh.log") as fresh_server:
+    fresh_server = VllmServer(perturbed_model, log_file=tmp_path / "fresh.log")
+    fresh_server.launch()
+    try:
+        assert await wait_serving([fresh_server.url], timeout_s=0.1) == [fresh_server.url]  # starting
+        assert await wait_serving([fresh_server.url], timeout_s=300) == []
         async with VllmReplica(fresh_server.url, fresh_server.model) as fresh:
             started = await fresh.probe_logprobs(probe_ids, PROBE_TOKENS)
+    finally:
+        fresh_server.stop()
     assert reloaded.tokens == started.tokens
     served = torch.tensor([*reloaded.prompt, *reloaded.completion])
     assert (served - torch.tensor([*started.prompt, *started.completion])).abs().max() < 1e-5

@@ -71,11 +71,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.start_nats()
         if args.model:
             stack.start_vllm(Path(args.model))
+        if spec is not None:
+            stack.start_trainer(spec, Path(args.model), ranks=args.trainer_ranks)
+        stack.wait_vllm()
         stack.start_gateway()
         stack.start_reward(Path(spec.tasks).parent if spec else None)
         stack.start_controller()
-        if spec is not None:
-            stack.start_trainer(spec, Path(args.model), ranks=args.trainer_ranks)
         wait_serving(stack.nats_url, spec.run if spec else None, stack.check)
         trains = f", trainer for run {spec.run}" if spec else ""
         console.print(

@@ -201,7 +201,12 @@ class LocalStack:
         return {}
 
     def start_vllm(self, model_dir: Path) -> VllmServer:
-        """Serve the policy with vLLM on the CPU (blocks until healthy)."""
+        """Serve the policy with vLLM on the CPU: launched, not yet healthy (see `wait_vllm`).
+
+        The trainer (which waits for its replicas) starts meanwhile; the gateway, which forwards to
+        vLLM, after `wait_vllm`, and the reward service and controller after the gateway (episodes
+        a controller resumes call the gateway at once).
+        """
         self.vllm = VllmServer(
             model_dir,
             served_model_name=SERVED_MODEL,
@@ -211,8 +216,13 @@ class LocalStack:
             env={"HRL_HOME": str(self.home)},
             log_file=self.home / "logs" / "vllm.log",
         )
-        self.vllm.start()
+        self.vllm.launch()
         return self.vllm
+
+    def wait_vllm(self) -> None:
+        """Block until the launched vLLM serves (or raise `VllmServerError`); without one, return."""
+        if self.vllm is not None:
+            self.vllm.wait_ready()
 
     def _start(
         self, service: str, settings: msgspec.Struct, ready_url: str | None = None, *, ranks: int = 1

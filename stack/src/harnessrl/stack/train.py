@@ -129,13 +129,14 @@ class TrainSession:
         model_dir = self.preflight()
         self.progress.phase = "starting nats-server"
         self.stack.start_nats()
-        self.progress.phase = "starting vLLM (CPU)"
+        self.progress.phase = "starting vLLM (CPU) and the trainer"
         self.stack.start_vllm(model_dir)
+        self.stack.start_trainer(self.spec, model_dir, lr=self.trainer_lr)
+        self.stack.wait_vllm()
         self.progress.phase = "starting services"
         self.stack.start_gateway()
         self.stack.start_reward(Path(self.spec.tasks).parent)
         self.stack.start_controller()
-        self.stack.start_trainer(self.spec, model_dir, lr=self.trainer_lr)
 
     async def follow(self, on_version: VersionHook | None = None, *, live: bool = True) -> RunProgress:
         """Submit the run and follow it until the trainer finished `max_steps` or the run stopped.

@@ -108,6 +108,7 @@ class VllmServer:
         self.log_file = log_file or Path(tempfile.gettempdir()) / f"harnessrl-vllm-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
+        self._launched = 0.0
 
     @property
     def url(self) -> str:
@@ -129,7 +130,12 @@ class VllmServer:
 
     def start(self, timeout_s: float = 300.0) -> None:
         """Start the server and block until `/health` answers 200 (or raise VllmServerError)."""
-        started = time.monotonic()
+        self.launch()
+        self.wait_ready(timeout_s)
+
+    def launch(self) -> None:
+        """Start the server's process and return at once (`wait_ready` then waits for `/health`)."""
+        self._launched = time.monotonic()
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
             self.process = spawn(
@@ -140,8 +146,11 @@ class VllmServer:
                 env={**DEFAULT_ENV, **os.environ, **self.env},
             )
         _log.info("vllm.starting", port=self.port, model=str(self.model_dir), pid=self.process.pid)
-        self._wait_healthy(started + timeout_s)
-        self.startup_s = time.monotonic() - started
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Block until the launched server's `/health` answers 200, `timeout_s` from its launch."""
+        self._wait_healthy(self._launched + timeout_s)
+        self.startup_s = time.monotonic() - self._launched
         _log.info("vllm.ready", port=self.port, startup_s=round(self.startup_s, 1))
 
     def _wait_healthy(self, deadline: float) -> None:

@@ -32,7 +32,7 @@ from harnessrl.controller.records import LIVE_PHASES, EpisodeRecord, RunRecord, 
 from harnessrl.controller.settings import ControllerSettings
 from harnessrl.controller.store import EpisodeStore
 from harnessrl.shared import subjects
-from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription
+from harnessrl.shared.bus import Bus, ConsumerSpec, Delivery, Subscription, stop_all
 from harnessrl.shared.contracts import EpisodeFailed, EpisodeScored, RunStopped, TaskSpec, WeightVersion
 from harnessrl.shared.keys import sign_episode_key
 from harnessrl.shared.log import get_logger
@@ -131,8 +131,7 @@ class RunDriver:
             self._loop.cancel()
         for task in self._tasks:
             task.cancel()
-        for subscription in self._subscriptions:
-            await subscription.stop()
+        await stop_all(self._subscriptions)
         await self._launcher.close()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:

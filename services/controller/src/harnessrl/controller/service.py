@@ -24,7 +24,7 @@ from harnessrl.controller.settings import ControllerSettings
 from harnessrl.controller.store import EpisodeStore, always_active
 from harnessrl.controller.task_files import TaskFileError, check_repository_sources, load_tasks
 from harnessrl.shared import control_api, subjects
-from harnessrl.shared.bus import Bus, Subscription
+from harnessrl.shared.bus import Bus, Subscription, stop_all
 from harnessrl.shared.contracts import RunSpec
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.runspec import RunSpecError, check_local_launcher, parse_run_spec
@@ -120,10 +120,8 @@ class Controller:
 
     async def stop(self) -> None:
         """Stop serving and following (harnesses and Jobs carry on)."""
-        for served in self._served:
-            await served.stop()
-        for driver in self.runs.values():
-            await driver.stop()
+        await stop_all(self._served)
+        await asyncio.gather(*(driver.stop() for driver in self.runs.values()))
         await self.external.stop()
 
     async def submit(self, spec: RunSpec) -> RunDriver:

@@ -23,7 +23,7 @@ from harnessrl.reward.metrics import RewardMetrics
 from harnessrl.reward.settings import RewardSettings
 from harnessrl.reward.swe.sandbox import SandboxUnavailableError, missing_isolation
 from harnessrl.shared import subjects
-from harnessrl.shared.bus import Bus, BusError, ConsumerSpec, Delivery, KeyValue, Subscription
+from harnessrl.shared.bus import Bus, BusError, ConsumerSpec, Delivery, KeyValue, Subscription, stop_all
 from harnessrl.shared.contracts import (
     AgentExited,
     ArtifactRef,
@@ -98,8 +98,7 @@ class RewardService:
 
     async def stop(self) -> None:
         """Stop consuming (an unfinished grading is redelivered later)."""
-        for sub in self._subscriptions:
-            await sub.stop()
+        await stop_all(self._subscriptions)
         self._subscriptions.clear()
 
     async def handle(self, delivery: Delivery) -> None:

@@ -11,6 +11,8 @@ verify a sync with `probe_logprobs`, never by the HTTP 200 alone, and label the 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -162,3 +164,24 @@ class VllmReplica:
 def _absolute(path: Path | str) -> str:
     """`path` made absolute against our working directory (the replica's may differ)."""
     return str(Path(path).absolute())
+
+
+async def wait_serving(urls: Sequence[str], timeout_s: float, poll_s: float = 0.5) -> list[str]:
+    """Wait until every replica's `/health` answers 200, for up to `timeout_s`; the ones still down."""
+    deadline = time.monotonic() + timeout_s
+    down = list(urls)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
+        while down:
+            down = [url for url in down if not await _healthy(session, url)]
+            if not down or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(poll_s)
+    return down
+
+
+async def _healthy(session: aiohttp.ClientSession, url: str) -> bool:
+    try:
+        async with session.get(f"{url.rstrip('/')}/health") as response:
+            return response.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False

@@ -33,6 +33,7 @@ from harnessrl.trainer.assembly import RolloutPool
 from harnessrl.trainer.errors import RolloutNotSettled
 from harnessrl.trainer.metrics import MetricsSink
 from harnessrl.trainer.prometheus import TrainerMetrics
+from harnessrl.trainer.replica import wait_serving
 from harnessrl.trainer.training import StepResult, Trainer
 from harnessrl.trainer.weight_sync import SyncResult, WeightSyncer, probe_row
 
@@ -68,7 +69,12 @@ class TrainerService:
         self._in_step: set[str] = set()
 
     async def start(self) -> None:
-        """Bring replicas and the WEIGHTS stream up to the latest checkpoint, then consume."""
+        """Bring replicas and the WEIGHTS stream up to the latest checkpoint, then consume.
+
+        Replicas still starting are waited for (`replica_wait_s`); the sync then judges them all.
+        """
+        if down := await wait_serving(self.settings.replicas, self.settings.replica_wait_s):
+            log.warning("trainer.replicas_not_serving", replicas=down, waited_s=self.settings.replica_wait_s)
         await self._sync_replicas()
         state = self.trainer.state
         if state.step > 0 and not state.published:

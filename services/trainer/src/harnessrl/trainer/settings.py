@@ -144,6 +144,9 @@ class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # vLLM replicas (base URLs without /v1) updated after every step, and their served model name.
     replicas: list[str] = msgspec.field(default_factory=list)
     served_model: str = "tiny"
+    # At start the trainer waits up to this long for every replica's `/health` before its first
+    # sync, so it may start beside its replicas (a pod, the local stack) instead of after them.
+    replica_wait_s: float = 600.0
     # sync: on-policy, any rollout older than the current version is stale. async: `staleness`
     # versions of lag are allowed; older rollouts are dropped (the controller keeps that rare).
     mode: Literal["sync", "async"] = "sync"

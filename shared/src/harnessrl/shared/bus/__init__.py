@@ -18,6 +18,7 @@ from harnessrl.shared.bus.base import (
     StreamDriftError,
     Subscription,
     TransientError,
+    stop_all,
 )
 from harnessrl.shared.bus.memory import MemoryBus
 from harnessrl.shared.bus.nats import NatsBus
@@ -42,4 +43,5 @@ __all__ = [
     "StreamDriftError",
     "Subscription",
     "TransientError",
+    "stop_all",
 ]

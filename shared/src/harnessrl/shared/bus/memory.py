@@ -31,6 +31,7 @@ from harnessrl.shared.bus.base import (
     RevisionMismatchError,
     StreamDriftError,
     Subscription,
+    stop_all,
 )
 from harnessrl.shared.bus.outcome import settle
 from harnessrl.shared.contracts import encode
@@ -95,8 +96,7 @@ class MemoryBus(Bus):
 
     async def close(self) -> None:
         """Stop every subscription."""
-        for sub in list(self._subs):
-            await sub.stop()
+        await stop_all(list(self._subs))
         self._subs.clear()
         self._connected = False
 

@@ -36,6 +36,7 @@ from harnessrl.shared.bus.base import (
     PublishError,
     Responder,
     Subscription,
+    stop_all,
 )
 from harnessrl.shared.bus.nats.consumers import (
     DLQ_REASON,
@@ -148,8 +149,7 @@ class NatsBus(Bus):
 
     async def close(self) -> None:
         """Stop subscriptions, flush and close."""
-        for sub in list(self._subscriptions):
-            await sub.stop()
+        await stop_all(list(self._subscriptions))
         self._subscriptions.clear()
         if self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(nats.errors.Error, OSError, asyncio.TimeoutError):
