@@ -423,7 +423,11 @@ def test_a_harness_that_cannot_start_stops_the_run_within_a_minute(tmp_path: Pat
     assert stopped["cause"] in said and flat(stopped["reason"]) in flat(said), said[-3000:]
     assert "cannot start" in said and flat(stopped["logs"]) in flat(said) and "Traceback" not in said
     assert "stopped" in summary["why"]
-    assert last_line(read(out)) == {"run": "broken", "steps": 0, "version": 0}
+    # The failed episodes' rollouts may make one step (nothing to train: no model call) before the
+    # stop lands; nothing is trained either way.
+    ended = last_line(read(out))
+    assert ended["run"] == "broken" and ended["version"] == 0 and ended["steps"] in (0, 1), ended
+    assert summary["trained_steps"] == 0, summary
     assert (home / "runs" / "broken" / "progress.png").stat().st_size > 0
     assert orphans(home) == []
 
