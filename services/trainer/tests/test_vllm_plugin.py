@@ -8,7 +8,6 @@ import torch
 from vllm.model_executor.layers import utils
 from vllm.platforms.cpu import CpuPlatform
 
-from harnessrl.shared.net import VLLM_FORK_ENGINE_ENV
 from harnessrl.trainer import vllm_plugin
 
 
@@ -40,10 +39,10 @@ def test_a_uni_executor_keeps_fork_when_asked(monkeypatch: pytest.MonkeyPatch) -
         CpuPlatform.check_and_update_config(config)  # type: ignore[arg-type]
         return os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
 
-    monkeypatch.delenv(VLLM_FORK_ENGINE_ENV, raising=False)
+    monkeypatch.delenv(vllm_plugin.FORK_ENGINE_ENV, raising=False)
     vllm_plugin.register()
     assert method_after("uni") == "spawn"  # not asked: vLLM's choice stands
-    monkeypatch.setenv(VLLM_FORK_ENGINE_ENV, "1")
+    monkeypatch.setenv(vllm_plugin.FORK_ENGINE_ENV, "1")
     vllm_plugin.register()
     vllm_plugin.register()  # idempotent: one wrapper
     assert method_after("uni") == "fork"

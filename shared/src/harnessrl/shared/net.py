@@ -15,9 +15,6 @@ VLLM_CLIENT_KEEPALIVE_S = 4.0
 # vLLM's `--tool-call-parser` unless told otherwise (Qwen/Hermes models); the gateway's token-in
 # mode parses sampled text with the same one (its `tool_parser` setting).
 VLLM_TOOL_CALL_PARSER = "hermes"
-# Set ("1") in a CPU vLLM server's environment by whoever starts it with a single in-process worker:
-# the trainer's vLLM plugin then lets vLLM fork its engine process instead of spawning it.
-VLLM_FORK_ENGINE_ENV = "HRL_VLLM_FORK_ENGINE"
 
 
 def free_port() -> int:

