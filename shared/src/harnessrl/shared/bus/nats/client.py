@@ -38,14 +38,16 @@ from harnessrl.shared.bus.base import (
     Subscription,
     stop_all,
 )
+from harnessrl.shared.bus.nats.acks import gather_acks
 from harnessrl.shared.bus.nats.consumers import (
     DLQ_REASON,
     MSG_ID,
     CoreSubscription,
     PullSubscription,
-    delivery,
 )
 from harnessrl.shared.bus.nats.kv import NatsKeyValue
+from harnessrl.shared.bus.nats.objects import get_object, put_object
+from harnessrl.shared.bus.nats.replay import replay
 from harnessrl.shared.bus.nats.retry import RETRYABLE, retrying
 from harnessrl.shared.bus.nats.streams import check_drift, deployment_replicas, scaled_up, stream_config
 from harnessrl.shared.contracts import encode
@@ -305,7 +307,7 @@ class NatsBus(Bus):
                 futures.append(await self.js.publish_async(subject, payload, headers={MSG_ID: msg_id}))
             except (*RETRYABLE, nats.js.errors.TooManyStalledMsgsError):
                 futures.append(None)
-        done = await _gather_acks(futures, self.publish_timeout_s)
+        done = await gather_acks(futures, self.publish_timeout_s)
         acks: list[PubAck] = []
         for (subject, payload, msg_id), ack in zip(payloads, done, strict=True):
             acks.append(ack if ack is not None else await self._publish_raw(subject, payload, msg_id))
@@ -324,46 +326,8 @@ class NatsBus(Bus):
         return list(self._subscriptions)
 
     async def replay(self, stream: str, filter_subject: str) -> list[Delivery]:
-        """Read every stored message under a filter with a throwaway no-ack consumer.
-
-        An exact subject with nothing stored (a new episode's spans: the gateway's first sight of
-        every episode) costs one request and no consumer.
-        """
-        if not _has_wildcard(filter_subject) and not await self._stored(stream, filter_subject):
-            return []
-        config = api.ConsumerConfig(
-            ack_policy=api.AckPolicy.NONE,
-            deliver_policy=api.DeliverPolicy.ALL,
-            inactive_threshold=30.0,
-            filter_subject=filter_subject,
-        )
-        psub = await self.js.pull_subscribe(filter_subject, stream=stream, config=config)
-        name = ""
-        try:
-            info = await psub.consumer_info()
-            name, pending = info.name, info.num_pending or 0
-            out: list[Delivery] = []
-            while len(out) < pending:
-                msgs = await psub.fetch(min(pending - len(out), 512), timeout=5)
-                out.extend(delivery(m) for m in msgs)
-            return out
-        finally:
-            with contextlib.suppress(nats.errors.Error):
-                await psub.unsubscribe()
-            # Gone now, not `inactive_threshold` later: replays come by the hundred per second
-            # (every new episode the gateway sees, every rollout the trainer reads), and the
-            # server refuses new consumers once about a thousand linger.
-            if name:
-                with contextlib.suppress(nats.errors.Error):
-                    await self.js.delete_consumer(stream, name)
-
-    async def _stored(self, stream: str, subject: str) -> bool:
-        """Whether `stream` holds any message on the exact `subject`."""
-        try:
-            await self.js.get_last_msg(stream, subject)
-        except nats.js.errors.NotFoundError:
-            return False
-        return True
+        """Read every stored message under a filter (see `replay.replay`)."""
+        return await replay(self.js, stream, filter_subject)
 
     async def dead_letter(self, msg: Msg, reason: str) -> None:
         """Copy a message that will never be handled to its dead-letter subject."""
@@ -388,25 +352,13 @@ class NatsBus(Bus):
         await self._scale_up((await self.js.stream_info(f"KV_{spec.name}")).config)
         return bucket
 
-    async def _object_store(self, bucket: str) -> Any:
-        try:
-            return await self.js.object_store(bucket)
-        except nats.js.errors.BucketNotFoundError:
-            return await self.js.create_object_store(bucket, api.ObjectStoreConfig(replicas=self.replicas))
-
     async def put_object(self, bucket: str, name: str, data: bytes) -> None:
         """Store a blob (chunked by the object store)."""
-        store = await self._object_store(bucket)
-        await store.put(name, data)
+        await put_object(self.js, bucket, name, data, self.replicas)
 
     async def get_object(self, bucket: str, name: str) -> bytes:
         """Read a blob; `KeyError` when absent."""
-        store = await self._object_store(bucket)
-        try:
-            result = await store.get(name)
-        except nats.js.errors.NotFoundError as exc:
-            raise KeyError(name) from exc
-        return bytes(result.data or b"")
+        return await get_object(self.js, bucket, name, self.replicas)
 
     async def request(self, subject: str, payload: bytes, *, timeout: float = 5.0) -> bytes:
         """Core NATS request; `BusError` on timeout or when nobody serves the subject."""
@@ -439,25 +391,3 @@ class NatsBus(Bus):
 _WRONG_LAST_SEQUENCE = 10071
 # At most this many messages that beat a conditional publish are read into its error.
 _NEWER_READ = 16
-
-
-def _has_wildcard(subject: str) -> bool:
-    return any(token in ("*", ">") for token in subject.split("."))
-
-
-async def _gather_acks(
-    futures: list[asyncio.Future[api.PubAck] | None], timeout: float
-) -> list[PubAck | None]:
-    live = [f for f in futures if f is not None]
-    if live:
-        await asyncio.wait(live, timeout=timeout)
-    out: list[PubAck | None] = []
-    for fut in futures:
-        if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
-            if fut is not None and not fut.done():
-                fut.cancel()
-            out.append(None)
-            continue
-        ack = fut.result()
-        out.append(PubAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate)))
-    return out
