@@ -171,11 +171,22 @@ def test_nats_server_failing_to_start(tmp_path: Path, spec_file: Path, tiny_mode
     assert orphans(tmp_path / "home") == []
 
 
-def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
+def ignore_sigint() -> None:
+    """What a non-interactive shell does to its background jobs (`harnessrl up &` in a script)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_up_status_and_a_stop_signal_leave_nothing_behind(tmp_path: Path, stop: signal.Signals) -> None:
+    """`up` stops in order on Ctrl-C, even started with SIGINT ignored, and on SIGTERM."""
     home = tmp_path / "home"
     cli = str(Path(sys.executable).parent / "harnessrl")
     up = subprocess.Popen(
-        [cli, "up", "--home", str(home)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [cli, "up", "--home", str(home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ignore_sigint,  # noqa: PLW1509 - the child runs nothing else before exec
     )
     try:
         status = None
@@ -191,9 +202,9 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         assert status is not None and status.returncode == 0, status
         assert "NO" not in status.stdout, status.stdout  # every recorded process is alive
     finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=60)
-    assert up.returncode == 0, up.stderr[-2000:]
+        up.send_signal(stop)
+        _, said = up.communicate(timeout=60)
+    assert up.returncode == 0 and "stopping" in said, said[-2000:]
     assert orphans(home) == []
 
 

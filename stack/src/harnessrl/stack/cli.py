@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import textwrap
 import time
@@ -345,9 +346,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM both stop a command the orderly way (as KeyboardInterrupt).
+
+    SIGINT is set explicitly: a script's background job (`harnessrl up &`) starts with it ignored,
+    and Python then leaves it so. SIGTERM (`kill`, a supervisor, a CI timeout) would otherwise end
+    the command at once, leaving its services to die by their parent-death signal in no order.
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `harnessrl` command."""
+    """Entry point of the `harnessrl` command (`argv` None: this process is the command)."""
     args = build_parser().parse_args(argv)
+    if argv is None:  # called in-process (tests, embedding), the caller's signal handlers stay
+        stop_on_signals()
     configure_logging("console", args.log_level)
     return int(args.func(args))
 
