@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from harnessrl.reward.graders.base import Grade, GradingContext
@@ -253,3 +254,64 @@ async def test_folder_squatting_a_test_patch_path_is_removed(
     result = await grade(row, row["patch"] + squatter, context)
     assert result.resolved is True
     assert "tests/test_regression.py" in result.details["reset_paths"]
+
+
+# --- a hostile task repository: symlinks committed in it never lead the grader (root) outside ------
+
+LIB_TEST = (
+    'from pathlib import Path\n\n\ndef test_f():\n    assert "return 2" in Path("lib.py").read_text()\n'
+)
+
+
+def symlinked_repo(root: Path, links: dict[str, Path]) -> Path:
+    """A plain-folder task repository with a bug in `lib.py` and `links` committed as symlinks."""
+    repo = root / "repos" / "linked"
+    repo.mkdir(parents=True)
+    (repo / "lib.py").write_text("def f():\n    return 1\n")
+    for name, target in links.items():
+        (repo / name).symlink_to(target)
+    return repo
+
+
+def linked_row(test_dir: str) -> dict[str, Any]:
+    return {
+        "instance_id": "linked-1",
+        "base_commit": "HEAD",
+        "repo_path": "repos/linked",
+        "test_patch": new_file(f"{test_dir}/test_lib.py", LIB_TEST),
+        "FAIL_TO_PASS": json.dumps([f"{test_dir}/test_lib.py::test_f"]),
+        "PASS_TO_PASS": "[]",
+    }
+
+
+FIX_LIB = (
+    "diff --git a/lib.py b/lib.py\n--- a/lib.py\n+++ b/lib.py\n@@ -1,2 +1,2 @@\n"
+    " def f():\n-    return 1\n+    return 2\n"
+)
+
+
+async def test_a_symlinked_test_folder_in_the_task_repository_is_not_followed(
+    tmp_path: Path, context: GradingContext
+) -> None:
+    """The test patch's folder is a symlink out of the repository: nothing outside is deleted or written."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "test_lib.py").write_text("victim\n")
+    symlinked_repo(tmp_path, {"checks": outside})
+    row = linked_row("checks")
+    result = await grade(row, FIX_LIB, msgspec.structs.replace(context, tasks_root=str(tmp_path)))
+    assert sorted(p.name for p in outside.iterdir()) == ["test_lib.py"]
+    assert (outside / "test_lib.py").read_text() == "victim\n"
+    assert result.outcome == "graded" and result.resolved is True, result.details  # graded in a real folder
+
+
+async def test_a_symlinked_pyproject_in_the_task_repository_is_not_written_through(
+    tmp_path: Path, context: GradingContext
+) -> None:
+    victim = tmp_path / "victim.toml"
+    victim.write_text('[tool.pytest.ini_options]\naddopts = "-q"\n')
+    symlinked_repo(tmp_path, {"pyproject.toml": victim})
+    row = linked_row("tests")
+    result = await grade(row, FIX_LIB, msgspec.structs.replace(context, tasks_root=str(tmp_path)))
+    assert victim.read_text() == '[tool.pytest.ini_options]\naddopts = "-q"\n'
+    assert result.outcome == "graded" and result.resolved is True, result.details

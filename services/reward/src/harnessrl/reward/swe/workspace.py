@@ -35,6 +35,7 @@ CONFIG_NAMES = frozenset(
 TEST_DIRS = frozenset({"tests", "test", "testing"})
 _PYTEST_TABLE = re.compile(r"^\s*\[+\s*tool\.pytest\b")
 _ANY_TABLE = re.compile(r"^\s*\[")
+SYMLINK_MODE = "120000 "
 
 
 class WorkspaceError(RewardError, RuntimeError):
@@ -118,8 +119,26 @@ async def apply_patch(repo: Path, patch_file: Path) -> tuple[str | None, list[st
 
 
 async def _pristine_files(repo: Path, commit: str) -> set[str]:
-    out = await git(repo, "ls-tree", "-r", "-z", "--name-only", commit)
-    return {p for p in out.decode().split("\x00") if p}
+    """The files of `commit`, symlinks left out.
+
+    A protected path is never restored as a link: the grader runs as root, and a link committed
+    in a task repository may point anywhere.
+    """
+    out = await git(repo, "ls-tree", "-r", "-z", commit)
+    entries = (entry.split("\t", 1) for entry in out.decode().split("\x00") if entry)
+    return {path for meta, path in entries if not meta.startswith(SYMLINK_MODE)}
+
+
+def _real_folders(repo: Path, path: str) -> None:
+    """Remove whatever stands in for a folder on the way to `path` (a symlink, a file).
+
+    Then nothing deleted or written at `path` lands outside `repo` through a link.
+    """
+    folder = repo
+    for part in PurePosixPath(path).parts[:-1]:
+        folder = folder / part
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            folder.unlink()
 
 
 def _working_files(repo: Path) -> set[str]:
@@ -183,6 +202,7 @@ def _remove(target: Path) -> bool:
 
 
 async def _restore_one(repo: Path, commit: str, path: str, in_pristine: bool) -> bool:
+    _real_folders(repo, path)
     target = repo / path
     if not in_pristine:
         return _remove(target)
@@ -216,8 +236,9 @@ def merged_pyproject(current: str, original: str) -> str:
 
 
 async def _reset_pyproject(repo: Path, commit: str, path: str, in_pristine: bool) -> bool:
+    _real_folders(repo, path)
     target = repo / path
-    if not target.is_file():
+    if target.is_symlink() or not target.is_file():
         return await _restore_one(repo, commit, path, in_pristine)
     current = target.read_text(errors="replace")
     original = (await _show(repo, commit, path)).decode(errors="replace") if in_pristine else ""
