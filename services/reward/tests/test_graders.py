@@ -1,5 +1,6 @@
 """Simple graders, the plug-in interface, and the rules and log parsing they rely on."""
 
+import asyncio
 import sys
 import tomllib
 from pathlib import Path
@@ -145,3 +146,26 @@ def test_exit_code_and_log_must_agree_with_the_report() -> None:
     assert log_agrees({"t::a": "FAILED"}, {"t::a": "ERROR"}, ["t::a"])
     assert not log_agrees({"t::a": "FAILED"}, {"t::a": "PASSED"}, ["t::a"])
     assert not log_agrees({}, {"t::a": "PASSED"}, ["t::a"])
+
+
+async def test_a_backtracking_pattern_times_out_without_stalling_other_gradings() -> None:
+    """`^(a|aa)+$` on 60 a's and a b takes ages to fail; the grade gives up and the loop keeps going."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    beat = asyncio.create_task(ticker())
+    try:
+        grader = build_grader("regex", CONTEXT)
+        grade = await asyncio.wait_for(grader.grade(qa(r"^(a|aa)+$", "regex"), b"a" * 60 + b"b"), 30)
+        quick = await grader.grade(qa(r"^a+b$", "regex"), b"a" * 60 + b"b")
+    finally:
+        beat.cancel()
+    assert (grade.outcome, grade.reward, grade.scored) == ("timeout", 0.0, False), grade
+    assert "ran past" in grade.details["reason"]
+    assert (quick.outcome, quick.reward) == ("graded", 1.0)
+    assert ticks >= 10  # the event loop ran other work while the search was stuck (1 s at 20 Hz)

@@ -6,13 +6,19 @@ is an invalid artifact (reward 0), never an exception.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
+
+import regex
 
 from harnessrl.reward.graders.base import Grade
 from harnessrl.shared.contracts import TaskSpec
 
 MAX_ANSWER_BYTES = 64 * 1024
+# A task's pattern meets a model's text: either can make a backtracking search run for ages. The
+# search runs off the event loop (releasing the GIL) and gives up after this long.
+PATTERN_TIMEOUT_S = 1.0
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 
@@ -55,7 +61,11 @@ class ExactGrader:
 
 
 class RegexGrader:
-    """Reward 1 when the task's answer, a regular expression, matches somewhere in the answer."""
+    """Reward 1 when the task's answer, a regular expression, matches somewhere in the answer.
+
+    Python's `re` syntax (the `regex` package's compatible mode, which can be stopped); a search
+    past `PATTERN_TIMEOUT_S` is the outcome "timeout", and never stalls other gradings.
+    """
 
     async def grade(self, task: TaskSpec, artifact: bytes) -> Grade:
         """Search the answer for the pattern."""
@@ -64,15 +74,15 @@ class RegexGrader:
             return _invalid("answer is not bounded UTF-8 text")
         pattern = task.answer or ""
         try:
-            ok = re.search(pattern, text) is not None
-        except re.error as exc:
-            return Grade(
-                reward=0.0,
-                resolved=False,
-                outcome="invalid-artifact",
-                details={"reason": f"task pattern is invalid: {exc}"},
+            found = await asyncio.to_thread(
+                regex.search, pattern, text, timeout=PATTERN_TIMEOUT_S, concurrent=True
             )
-        return _verdict(ok, pattern, text.strip())
+        except regex.error as exc:
+            return _invalid(f"task pattern is invalid: {exc}")
+        except TimeoutError:
+            reason = f"the task's pattern ran past {PATTERN_TIMEOUT_S:g} s on this answer"
+            return Grade(reward=0.0, resolved=False, outcome="timeout", details={"reason": reason})
+        return _verdict(found is not None, pattern, text.strip())
 
 
 def last_number(text: str) -> float | None:
