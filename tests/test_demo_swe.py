@@ -69,7 +69,7 @@ def swe_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[
     home = tmp_path_factory.mktemp("demo-swe")
     taught = swe_demo_policy(tiny_model, home)
     tasks = home / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps(row) + "\n" for row in taught.rows))
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in swe_tasks.place_tasks(taught.rows, home)))
     command = swe_demos.harness_command(swe_demos.MINI_SWE_AGENT, taught.config, 1.0)
     spec = RunSpec(
         run="demo-swe", tasks=str(tasks), group_size=GROUP, batch_tasks=TRAIN_TASKS, max_concurrent=GROUP,

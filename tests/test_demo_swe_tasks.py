@@ -62,13 +62,18 @@ def rows() -> list[dict[str, Any]]:
 
 
 def task_of(row: dict[str, Any]) -> TaskSpec:
+    """The row as its split's task file has it: `repo_path` relative to the split's folder."""
     return TaskSpec(
         task_id=row["instance_id"],
         kind="swe",
         prompt=row["problem_statement"],
         grader="swebench",
-        instance=row,
+        instance=row | {"repo_path": str(Path(row["repo_path"]).relative_to(split_folder()))},
     )
+
+
+def split_folder() -> Path:
+    return swe_tasks.ensure_split("train", TRAIN).parent
 
 
 def agent_patch(row: dict[str, Any], command: str) -> bytes:
@@ -85,7 +90,8 @@ def agent_patch(row: dict[str, Any], command: str) -> bytes:
 async def test_gold_fix_resolves_and_wrong_or_empty_patches_do_not(rows: list[dict[str, Any]]) -> None:
     # What this machine's sandbox gives (the reward service's tests do the same).
     limits = available_limits(SandboxLimits(), sys.executable)
-    grader = SweBenchGrader(GradingContext(python=sys.executable, limits=limits))
+    context = GradingContext(tasks_root=str(split_folder()), python=sys.executable, limits=limits)
+    grader = SweBenchGrader(context)
     for row in rows[:3]:
         spec = swe_tasks.spec_of(row)
         fixed = await grader.grade(task_of(row), agent_patch(row, spec.fix_command()))

@@ -102,6 +102,9 @@ def test_task_rows_of_both_shapes(tasks_file: Path) -> None:
         ('{"instance_id": "i", "problem_statement": "p"}', "lacks repo_path or image"),
         ('{"task_id": "i", "kind": "swe", "prompt": "p"}', "needs `instance.repo_path` or `instance.image`"),
         ('{"task_id": "a", "prompt": "x"}\n{"task_id": "a", "prompt": "y"}', ":2: duplicate task id"),
+        ('{"instance_id": "i", "problem_statement": "p", "repo_path": "/root"}', ":1: repo_path '/root'"),
+        ('{"instance_id": "i", "problem_statement": "p", "repo_path": "r/../../x"}', "without '..'"),
+        ('{"task_id": "i", "kind": "swe", "prompt": "p", "instance": {"repo_path": "/"}}', "relative path"),
         ("", "no tasks"),
     ],
 )

@@ -14,9 +14,11 @@ import msgspec
 import pytest
 
 from harnessrl.reward.graders.base import Grade, GradingContext
+from harnessrl.reward.graders.swebench import SweBenchGrader
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.pipeline import grade_patch
 from harnessrl.reward.tinyswe.validate import run_pytest
+from harnessrl.shared.contracts import TaskSpec
 
 FORCE_PASS_CONFTEST = """import pytest
 
@@ -315,3 +317,23 @@ async def test_a_symlinked_pyproject_in_the_task_repository_is_not_written_throu
     result = await grade(row, FIX_LIB, msgspec.structs.replace(context, tasks_root=str(tmp_path)))
     assert victim.read_text() == '[tool.pytest.ini_options]\naddopts = "-q"\n'
     assert result.outcome == "graded" and result.resolved is True, result.details
+
+
+@pytest.mark.parametrize("how", ["absolute", "climbing", "symlink"])
+async def test_a_repo_path_out_of_the_task_folder_is_refused(
+    tmp_path: Path, context: GradingContext, how: str
+) -> None:
+    """A task row cannot make the grader copy (and log) a folder outside its task folder."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret\n")
+    tasks = tmp_path / "tasks"
+    (tasks / "repos").mkdir(parents=True)
+    (tasks / "repos" / "up").symlink_to(outside)
+    repo_path = {"absolute": str(outside), "climbing": "../outside", "symlink": "repos/up"}[how]
+    row = {**linked_row("tests"), "repo_path": repo_path}
+    task = TaskSpec(task_id="linked-1", kind="swe", prompt="fix", grader="swebench", instance=row)
+    grader = SweBenchGrader(msgspec.structs.replace(context, tasks_root=str(tasks)))
+    result = await grader.grade(task, FIX_LIB.encode())
+    assert (result.outcome, result.reward) == ("infra-error", 0.0), result.details
+    assert repr(repo_path) in result.details["reason"]

@@ -32,6 +32,7 @@ from aiohttp import web
 from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 from harnessrl.shared.cache import build_once, cache_root
 from harnessrl.stack.demo.swe_demos import MINI_ENV
+from harnessrl.stack.demo.swe_tasks import place_tasks
 from harnessrl.testkit.local_app import LocalApp
 from harnessrl.testkit.tools import MINI_SWE_AGENT
 
@@ -102,10 +103,10 @@ def fix_command(patch: str) -> str:
     return f"sed -i {shlex.quote(f's/{old}/{new}/')} {path[0]}"
 
 
-def check_fix(row: dict[str, Any], command: str) -> None:
-    """Run `command` in a fresh clone at the base commit: its diff must be the gold patch's change."""
+def check_fix(repo: Path, row: dict[str, Any], command: str) -> None:
+    """Run `command` in a fresh clone of `repo` at the base commit: its diff must be the gold change."""
     with tempfile.TemporaryDirectory(prefix="fix-") as tmp:
-        subprocess.run(["git", "clone", "-q", row["repo_path"], tmp], check=True)
+        subprocess.run(["git", "clone", "-q", str(repo), tmp], check=True)
         subprocess.run(["git", "checkout", "-q", row["base_commit"]], cwd=tmp, check=True)
         subprocess.run(["sh", "-c", command], cwd=tmp, check=True)
         diff = subprocess.run(["git", "diff"], cwd=tmp, check=True, capture_output=True, text=True).stdout
@@ -143,10 +144,13 @@ async def capture_first_request(task: str, workdir: Path) -> dict[str, Any]:
 
 
 def demonstrations(home: Path, rows: list[dict[str, Any]], fixes: dict[str, str]) -> dict[str, Demo]:
-    """A fix and an echo per task, each answering mini-swe-agent's own first request for the task."""
+    """A fix and an echo per task, each answering mini-swe-agent's own first request for the task.
+
+    Each row's `repo_path` is relative to `home`.
+    """
     demos: dict[str, Demo] = {}
     for row in rows:
-        check_fix(row, fixes[row["instance_id"]])
+        check_fix(home / row["repo_path"], row, fixes[row["instance_id"]])
         first = asyncio.run(capture_first_request(row["problem_statement"], home))
         for kind, command in (("fix", fixes[row["instance_id"]]), ("echo", ECHO)):
             messages = [*first["messages"], {"role": "assistant", "content": tool_call(command)}]
@@ -181,7 +185,8 @@ def tool_calling_policy(tiny_model: Path, home: Path) -> ToolCallingPolicy:
     """The tinyswe tasks of `TASK_IDS`, their gold fixes, the demonstrations and the warm-started policy."""
     root = ensure_tinyswe()
     by_id = {row["instance_id"]: row for row in load_instances(root)}
-    rows = [dict(by_id[i], repo_path=str(root / by_id[i]["repo_path"])) for i in TASK_IDS]
+    # Rows of a task file in `home`: their repositories copied under it.
+    rows = place_tasks([dict(by_id[i], repo_path=str(root / by_id[i]["repo_path"])) for i in TASK_IDS], home)
     fixes = {row["instance_id"]: fix_command(row["patch"]) for row in rows}
     demos = demonstrations(home, rows, fixes)
     return ToolCallingPolicy(rows, fixes, demos, warm_start(tiny_model, demos))

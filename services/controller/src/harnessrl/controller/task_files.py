@@ -10,6 +10,7 @@ import msgspec
 
 from harnessrl.controller.errors import ControllerError
 from harnessrl.shared.contracts import TaskSpec
+from harnessrl.shared.taskpaths import TaskPathError, check_relative
 
 # SWE-bench rows carry these; where the repository comes from is one of `REPOSITORY_SOURCES`.
 _SWE_REQUIRED = ("instance_id", "problem_statement")
@@ -54,7 +55,7 @@ def parse_task_row(line: str, *, source: str) -> TaskSpec:
     if not isinstance(row, dict):
         raise TaskFileError(f"{source}: expected a JSON object, got {type(row).__name__}")
     if "instance_id" in row:
-        return _swe_task(row, source)
+        return _checked_repo_path(_swe_task(row, source), source)
     if "task_id" not in row:
         raise TaskFileError(f"{source}: a task needs `task_id` (or SWE-bench's `instance_id`)")
     try:
@@ -66,6 +67,17 @@ def parse_task_row(line: str, *, source: str) -> TaskSpec:
     if task.kind == "swe" and not any((task.instance or {}).get(k) for k in REPOSITORY_SOURCES.values()):
         needs = " or ".join(f"`instance.{key}`" for key in REPOSITORY_SOURCES.values())
         raise TaskFileError(f"{source}: swe task {task.task_id!r} needs {needs}")
+    return _checked_repo_path(task, source)
+
+
+def _checked_repo_path(task: TaskSpec, source: str) -> TaskSpec:
+    """Refuse a `repo_path` that is absolute or climbs out with `..` (see `harnessrl.shared.taskpaths`)."""
+    repo = (task.instance or {}).get("repo_path")
+    if repo is not None:
+        try:
+            check_relative(str(repo))
+        except TaskPathError as exc:
+            raise TaskFileError(f"{source}: {exc}") from exc
     return task
 
 

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from openai import OpenAI
 
 from harnessrl.reward.graders.base import GradingContext
@@ -113,7 +114,7 @@ class Evaluation:
             captured,
         )
         limits = available_limits(SandboxLimits(), sys.executable)
-        self.grader = SweBenchGrader(GradingContext(python=sys.executable, limits=limits))
+        self.context = GradingContext(python=sys.executable, limits=limits)
 
     def one(self, base: OpenAI, row: dict[str, Any], temperature: float) -> tuple[bool, int]:
         """Resolved, and the number of calls, for one instance."""
@@ -122,14 +123,17 @@ class Evaluation:
             work = checkout(row, Path(tmp) / "work")
             calls = episode(base.with_options(api_key=key), self.model, self.captured, row, temperature, work)
             patch = diff(work, row["base_commit"])
+        # Graded as a task file next to the repository would be: its repo_path under the task folder.
+        repo = Path(row["repo_path"])
         task = TaskSpec(
             task_id=row["instance_id"],
             kind="swe",
             prompt=row["problem_statement"],
             grader="swebench",
-            instance=row,
+            instance=row | {"repo_path": repo.name},
         )
-        grade = asyncio.run(self.grader.grade(task, patch))
+        grader = SweBenchGrader(msgspec.structs.replace(self.context, tasks_root=str(repo.parent)))
+        grade = asyncio.run(grader.grade(task, patch))
         return bool(grade.resolved), calls
 
     def resolve_rate(

@@ -137,7 +137,8 @@ def run_spec(home: Path, settings: SweDemoSettings, mini: Path, prepared: Prepar
     """mini-swe-agent as local episodes on the training instances, GRPO groups, sync mode."""
     tasks = home / "demo-swe" / "tasks.jsonl"
     count = settings.steps * settings.tasks_per_step
-    rows = [prepared.train[n % len(prepared.train)] for n in range(count)]
+    train = swe_tasks.place_tasks(prepared.train, tasks.parent)
+    rows = [train[n % len(train)] for n in range(count)]
     tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return RunSpec(
         run=settings.run,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -220,9 +221,24 @@ def ensure_split(split: Split, count: int) -> Path:
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of an instances file, their `repo_path` made absolute."""
+    """The rows of an instances file, their `repo_path` made absolute (for this process to clone)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [row | {"repo_path": str(path.parent / row["repo_path"])} for row in rows]
+
+
+def place_tasks(rows: list[dict[str, Any]], folder: Path) -> list[dict[str, Any]]:
+    """`rows` (absolute `repo_path`) as rows of a task file in `folder`, which services read.
+
+    A task file's repositories must lie under its folder (`harnessrl.shared.taskpaths`): each is
+    copied to `folder/repos/<name>`, and the row's `repo_path` says so, relative.
+    """
+    placed = []
+    for row in rows:
+        source = Path(row["repo_path"])
+        relative = f"repos/{source.name}"
+        shutil.copytree(source, folder / relative, symlinks=True, dirs_exist_ok=True)
+        placed.append(row | {"repo_path": relative})
+    return placed
 
 
 def spec_of(row: dict[str, Any]) -> SweInstanceSpec:

@@ -35,6 +35,7 @@ from harnessrl.controller.launchers.forkserver import ForkServer, ForkServerErro
 from harnessrl.controller.launchers.process import ProcessFacts, alive, process_facts
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.process import signal_group
+from harnessrl.shared.taskpaths import confined
 
 # Environment the harness must never inherit from the controller (bus and signing credentials).
 _PRIVATE_ENV_PREFIXES = ("HRL_", "NATS_")
@@ -168,9 +169,7 @@ class LocalLauncher(Launcher):
         workdir = folder / "work"
         repo = (request.task.instance or {}).get("repo_path") if request.task.kind == "swe" else None
         if repo:
-            source = Path(repo)
-            if not source.is_absolute() and self._tasks_dir is not None:
-                source = self._tasks_dir / source
+            source = confined(self._tasks_dir or Path.cwd(), str(repo))
             if not source.is_dir():
                 raise ValueError(f"repo_path {source} is not a directory")
             shutil.copytree(source, workdir, symlinks=True, dirs_exist_ok=True)

@@ -14,6 +14,7 @@ import msgspec
 
 from harnessrl.reward.settings import GradingRules, SandboxLimits
 from harnessrl.shared.contracts import TaskSpec
+from harnessrl.shared.taskpaths import confined
 
 Outcome = Literal[
     "graded",  # the artifact was graded; reward and resolved are meaningful
@@ -58,9 +59,8 @@ class GradingContext(msgspec.Struct, frozen=True, kw_only=True):
     kube_api_url: str = ""
 
     def resolve(self, path: str) -> Path:
-        """A task path made absolute against `tasks_root`."""
-        candidate = Path(path)
-        return candidate if candidate.is_absolute() else Path(self.tasks_root) / candidate
+        """A task path under `tasks_root`; raises `TaskPathError` for one that leads out of it."""
+        return confined(Path(self.tasks_root), path)
 
 
 class Grader(Protocol):

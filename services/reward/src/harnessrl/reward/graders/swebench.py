@@ -9,6 +9,7 @@ from harnessrl.reward.swe.instance import InstanceError, SweInstance
 from harnessrl.reward.swe.kube import KubernetesGrader, grade_with_job
 from harnessrl.reward.swe.pipeline import grade_patch
 from harnessrl.shared.contracts import TaskSpec
+from harnessrl.shared.taskpaths import TaskPathError
 
 
 def _infra(reason: str) -> Grade:
@@ -40,9 +41,15 @@ class SweBenchGrader:
                 return _infra("instance has no image for the Kubernetes sandbox")
             episode = uuid.uuid4().hex[:12]
             return await grade_with_job(instance, artifact, self.context, self._cluster(), episode)
+        return await self._grade_locally(instance, artifact)
+
+    async def _grade_locally(self, instance: SweInstance, artifact: bytes) -> Grade:
         if instance.repo_path is None:
             return _infra("instance has no repo_path for the local sandbox")
-        pristine = self.context.resolve(instance.repo_path)
+        try:
+            pristine = self.context.resolve(instance.repo_path)
+        except TaskPathError as exc:
+            return _infra(str(exc))
         return await grade_patch(instance, pristine, artifact, self.context)
 
     def _cluster(self) -> KubernetesGrader:
