@@ -5,8 +5,11 @@ for two training instances of the demo's task family, with a fix and a failed ed
 real run: mini-swe-agent as local episodes with only base URL and key, each episode looking first
 (it runs the tests) and acting second (the edit and the submit command); every call a span; the
 patch uploaded through the gateway and graded SWE-bench style by the reward service; rollouts;
-GRPO steps that move the policy; the new version served and stamped on later episodes. After the
-run, held-out instances (never trained on) are evaluated through the gateway as their own run.
+GRPO steps that move the policy; the new version served and stamped on later episodes. The served
+policy is scored on the demonstrations before and after the run: its weights moved, and on every
+instance whose group had mixed rewards it now prefers the fix over the failed edit more than the warm
+start did. After the run, held-out instances (never trained on) are evaluated through the gateway as
+their own run.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -42,9 +46,32 @@ from harnessrl.stack.demo.swe_evaluate import Evaluation
 from harnessrl.stack.local import SERVED_MODEL
 from harnessrl.stack.train import TrainSession
 from harnessrl.testkit.swe_demo import TRAIN_TASKS, swe_demo_policy
+from harnessrl.trainer.replica import VllmReplica
 
+log = logging.getLogger(__name__)
 GROUP, STEPS, HELDOUT = 4, 2, 6
 FOLLOW_S = 420
+# A rendered demonstration: token ids and the mask of the assistant's tokens.
+Rendered = tuple[list[int], list[int]]
+
+
+class Scored(NamedTuple):
+    """A demonstration's assistant tokens and their log-probabilities under the served policy."""
+
+    tokens: list[int]
+    logprobs: list[float]
+
+
+async def score_demos(vllm_url: str, served_model: str, rendered: dict[str, Rendered]) -> dict[str, Scored]:
+    """Score each rendered demonstration (prompt and assistant turns) with vLLM's prompt logprobs."""
+    out: dict[str, Scored] = {}
+    async with VllmReplica(vllm_url, served_model) as replica:
+        for name, (ids, mask) in rendered.items():
+            probe = await replica.probe_logprobs(ids)
+            # probe.prompt[i] is log p(ids[i + 1] | ids[: i + 1]); mask marks the assistant's tokens.
+            learned = [i for i in range(1, len(ids)) if mask[i]]
+            out[name] = Scored([ids[i] for i in learned], [probe.prompt[i - 1] for i in learned])
+    return out
 
 
 async def read_run(url: str, run: str) -> dict[str, list[bytes]]:
@@ -66,8 +93,16 @@ async def read_run(url: str, run: str) -> dict[str, list[bytes]]:
 
 @pytest.fixture(scope="module")
 def swe_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, Any]:
+    # Imported here: torch and transformers take seconds, and collecting the suite needn't pay them.
+    from transformers import AutoTokenizer
+
+    from harnessrl.trainer.warmstart import render
+
     home = tmp_path_factory.mktemp("demo-swe")
     taught = swe_demo_policy(tiny_model, home)
+    tokenizer = AutoTokenizer.from_pretrained(taught.model)
+    demos = taught.demos.items()
+    rendered = {name: render(tokenizer, demo["messages"], demo["tools"]) for name, demo in demos}
     tasks = home / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(row) + "\n" for row in swe_tasks.place_tasks(taught.rows, home)))
     command = swe_demos.harness_command(swe_demos.MINI_SWE_AGENT, taught.config, 1.0)
@@ -80,24 +115,32 @@ def swe_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[
     session = TrainSession(spec, home)
     try:
         session.start_stack()
+        vllm = session.stack.vllm
+        assert vllm is not None
+        # The served policy before the run (version 0, the warm start; twice, for the probe's noise)
+        # and after its last step.
+        before = asyncio.run(score_demos(vllm.url, vllm.model, rendered))
+        again = asyncio.run(score_demos(vllm.url, vllm.model, rendered))
         try:
             asyncio.run(asyncio.wait_for(session.follow(live=False), timeout=FOLLOW_S))
         except TimeoutError:
             progress = session.progress
             pytest.fail(f"run stuck at step {progress.step}, version {progress.version}: see {home}/logs")
+        after = asyncio.run(score_demos(vllm.url, vllm.model, rendered))
         stack = session.stack
         evaluation = Evaluation(
             stack.gateway_url, stack.key_secret, f"{spec.run}-heldout", SERVED_MODEL, taught.captured
         )
         resolved, calls = evaluation.resolve_rate(heldout, 0.0, workers=2)
-        vllm = stack.vllm
-        assert vllm is not None
         with urllib.request.urlopen(f"{vllm.url}/weight_info", timeout=10) as info:
             served = json.loads(info.read())["weight_version"]
         records = asyncio.run(read_run(stack.nats_url, spec.run))
     finally:
         session.stop()
-    return {"served": served, "heldout": (resolved, calls), "rows": taught.rows, **records}
+    return {
+        "served": served, "heldout": (resolved, calls), "rows": taught.rows,
+        "before": before, "again": again, "after": after, **records,
+    }  # fmt: skip
 
 
 def test_episodes_look_then_act_and_every_call_is_a_span(swe_run: dict[str, Any]) -> None:
@@ -144,6 +187,44 @@ def test_a_step_moves_the_policy_and_the_new_version_is_served(swe_run: dict[str
     assert swe_run["served"] == str(weights[-1].version) and weights[-1].version >= 1
     spans = [decode(raw, Span) for raw in swe_run["spans"]]
     assert {s.weight_version_start for s in spans} == {0, *(w.version for w in weights[:-1])}
+
+
+def _branch(fix: list[int], wrong: list[int]) -> int:
+    """Tokens up to and including the first one where the fix and the failed edit part."""
+    return next(i for i, (a, b) in enumerate(zip(fix, wrong, strict=False)) if a != b) + 1
+
+
+def test_policy_moved_toward_the_fix(swe_run: dict[str, Any]) -> None:
+    """The served policy now chooses the fix more often than the failed edit on every instance that
+    taught it.
+
+    Measured where the two edits part (the file the substitution runs on): that choice is what the
+    rewards ranked. The look turn before it is the same in both demonstrations.
+    """
+    before, again, after = swe_run["before"], swe_run["again"], swe_run["after"]
+    noise = max(abs(sum(again[n].logprobs) - sum(before[n].logprobs)) for n in before)
+    assert noise < 1e-3, noise
+    events = [decode_event(raw) for raw in swe_run["events"]]
+    groups: dict[str, set[float]] = {}
+    for e in events:
+        if isinstance(e, EpisodeScored):
+            groups.setdefault(e.group, set()).add(e.reward)
+    taught = {e.task for e in events if isinstance(e, EpisodeScored) and len(groups[e.group]) > 1}
+    assert taught, groups
+    for task in (row["instance_id"] for row in swe_run["rows"]):
+        fix, wrong = f"{task}/fix", f"{task}/wrong"
+        # The served weights changed: the same sequences score differently, far beyond the noise
+        # (ten times what scoring the unchanged weights twice moved them, and at least 1e-3).
+        for name in (fix, wrong):
+            moved = abs(sum(after[name].logprobs) - sum(before[name].logprobs))
+            assert moved > max(10 * noise, 1e-3), (name, moved, noise)
+        k = _branch(before[fix].tokens, before[wrong].tokens)
+        margin_before = sum(before[fix].logprobs[:k]) - sum(before[wrong].logprobs[:k])
+        margin_after = sum(after[fix].logprobs[:k]) - sum(after[wrong].logprobs[:k])
+        log.info("%s taught=%s choice margin %.3f -> %.3f (noise %.1e)",
+                 task, task in taught, margin_before, margin_after, noise)  # fmt: skip
+        if task in taught:
+            assert margin_after > margin_before, (task, margin_before, margin_after)
 
 
 def test_heldout_instances_are_evaluated_through_the_gateway(swe_run: dict[str, Any]) -> None:

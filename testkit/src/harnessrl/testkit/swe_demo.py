@@ -29,12 +29,21 @@ WARM_STEPS, WARM_LR = 300, "6e-3"
 
 
 class SweDemoPolicy:
-    """The policy and what it was taught: the rows, mini's configuration and the captured request."""
+    """The policy and what it was taught.
+
+    The rows, mini's configuration, the captured request and the demonstrations, by name
+    (`<instance>/fix` and `<instance>/wrong`).
+    """
 
     def __init__(
-        self, rows: list[dict[str, Any]], config: Path, captured: dict[str, Any], model: Path
+        self,
+        rows: list[dict[str, Any]],
+        config: Path,
+        captured: dict[str, Any],
+        demos: dict[str, swe_demos.Demo],
+        model: Path,
     ) -> None:
-        self.rows, self.config, self.captured, self.model = rows, config, captured, model
+        self.rows, self.config, self.captured, self.demos, self.model = rows, config, captured, demos, model
 
 
 def swe_demo_policy(tiny_model: Path, home: Path) -> SweDemoPolicy:
@@ -45,12 +54,15 @@ def swe_demo_policy(tiny_model: Path, home: Path) -> SweDemoPolicy:
     config = swe_demos.write_config(home / "mini-demo.yaml")
     captured = capture_reference(swe_demos.MINI_SWE_AGENT, config, rows[0])
     reference = swe_tasks.spec_of(rows[0])
-    demos = [
-        swe_demos.replay(captured, reference, swe_tasks.spec_of(row), edit)
+    demos = {
+        f"{row['instance_id']}/{kind}": swe_demos.replay(captured, reference, swe_tasks.spec_of(row), edit)
         for row in rows
-        for edit in (swe_tasks.spec_of(row).fix_command(), swe_demos.wrong_fix(swe_tasks.spec_of(row)))
-    ]
-    lines = "\n".join(json.dumps(d) for d in demos).encode()
+        for kind, edit in (
+            ("fix", swe_tasks.spec_of(row).fix_command()),
+            ("wrong", swe_demos.wrong_fix(swe_tasks.spec_of(row))),
+        )
+    }
+    lines = "\n".join(json.dumps(d) for d in demos.values()).encode()
     args = ["--steps", str(WARM_STEPS), "--batch", str(len(demos)), "--lr", WARM_LR, "--threads", "2"]
     digest = hashlib.sha256(lines + " ".join(args).encode())
     target = cache_root() / "swe-demo-policy" / fingerprint(digest, tiny_model, [Path(warmstart.__file__)])
@@ -61,4 +73,4 @@ def swe_demo_policy(tiny_model: Path, home: Path) -> SweDemoPolicy:
                 "--demos", str(staging / "demos.jsonl"), "--out", str(staging), *args]  # fmt: skip
         subprocess.run(warm, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    return SweDemoPolicy(rows, config, captured, build_once(target, build, done="config.json"))
+    return SweDemoPolicy(rows, config, captured, demos, build_once(target, build, done="config.json"))
