@@ -7,9 +7,9 @@ a command is `--max-steps N` on `harnessrl train`, which README.md documents as 
 shorter than its spec. What a section needs that the README says a reader already has is provided
 the cheap way (`harnessrl.testkit.policies`, each built once per machine): `.harnessrl/demo/warm`
 (after `make demo`) is the demo's warm start; `MODEL` of the mini-swe-agent example is the
-tiny policy warm-started to answer mini-swe-agent's first tinyswe request with a bash tool call; `pip` installs into a throwaway
-environment layered over `.venv`, so the shared dev environment is left as it was. Then the
-section's promise is checked.
+tiny policy warm-started to answer mini-swe-agent's first tinyswe request with a bash tool call;
+`pip` installs into a throwaway environment layered over `.venv`, so the shared dev environment is
+left as it was. Then the section's promise is checked.
 """
 
 from __future__ import annotations

@@ -329,16 +329,16 @@ class PolicyEngine:
         return kept
 
 
-@torch.no_grad()
 def _module_logprobs(
     model: torch.nn.Module, rows: list[TrainingRow], temperature: float
 ) -> list[list[float]]:
-    out = []
-    for row in rows:
-        ids = torch.tensor([row.input_ids])
-        logits = model(input_ids=ids).logits[0, :-1].float() / temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
-        out.append(logprobs[row.prompt_len - 1 :].tolist())
+    out: list[list[float]] = []
+    with torch.no_grad():
+        for row in rows:
+            ids = torch.tensor([row.input_ids])
+            logits = model(input_ids=ids).logits[0, :-1].float() / temperature
+            logprobs = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+            out.append(logprobs[row.prompt_len - 1 :].tolist())
     return out
 
 

@@ -98,8 +98,8 @@ class RankChannel:
     """
 
     def __init__(self) -> None:
-        self.rank = dist.get_rank()
-        self.size = dist.get_world_size()
+        self.rank: int = dist.get_rank()
+        self.size: int = dist.get_world_size()
         self._group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT) if self.size > 1 else None
         self._lock = threading.RLock()
         self._closed = ""
