@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import re
 import secrets
 import subprocess
@@ -614,18 +613,3 @@ def test_logs_hold_no_key_secret_or_prompt(real_run: dict[str, Any]) -> None:
         found += [(name, f"prompt {prompt!r}") for prompt in real_run["prompts"] if prompt in text]
     assert found == []
     assert question(10, 21) in real_run["prompts"]  # the prompts looked for are the real ones
-
-
-def test_the_reward_hack_suite_passes() -> None:
-    """The reward-hack suite, run from here too (a hack that scores is a security failure)."""
-    suite = Path(__file__).parents[1] / "services" / "reward" / "tests" / "test_reward_hacks.py"
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider", "--timeout", "600"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert re.search(r"\d+ passed", done.stdout), done.stdout[-500:]

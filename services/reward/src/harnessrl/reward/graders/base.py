@@ -22,11 +22,14 @@ Outcome = Literal[
     "patch-failed",  # no strategy could apply the patch: reward 0
     "invalid-artifact",  # binary, huge, non-UTF-8 or path-escaping artifact: reward 0
     "inconsistent",  # the test run contradicts itself (exit code vs report vs log): reward 0
+    "forgery",  # the test report was forged from inside the run (swe.forgery): reward 0
     "timeout",  # grading ran out of time: not a reward, the episode fails (reward-error)
     "infra-error",  # the sandbox or the pristine repository failed: the episode fails (infra)
     "grader-error",  # no such grader, or it crashed: the episode fails (reward-error)
 ]
-SCORED_OUTCOMES = frozenset({"graded", "empty-patch", "patch-failed", "invalid-artifact", "inconsistent"})
+SCORED_OUTCOMES = frozenset(
+    {"graded", "empty-patch", "patch-failed", "invalid-artifact", "inconsistent", "forgery"}
+)
 
 
 class Grade(msgspec.Struct, frozen=True, kw_only=True):

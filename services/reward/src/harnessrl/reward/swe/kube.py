@@ -39,6 +39,8 @@ class PodOutput(msgspec.Struct, frozen=True, kw_only=True):
     junit: bytes | None
     log: str
     result: str | None = None
+    canaries: str | None = None
+    verdict: bytes | None = None
 
 
 def job_name(instance_id: str, episode: str) -> str:
@@ -61,13 +63,15 @@ def config_map(
     name: str, namespace: str, instance: SweInstance, patch: Patch, test_patch: Patch
 ) -> dict[str, Any]:
     """The ConfigMap holding the runner, both patches and the spec."""
-    runner = resources.files(podrunner.__package__ or "").joinpath("podrunner.py").read_text()
+    package = resources.files(podrunner.__package__ or "")
+    runner = package.joinpath("podrunner.py").read_text()
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": name, "namespace": namespace, "labels": {GRADING_LABEL: "reward-grading"}},
         "data": {
             "runner.py": runner,
+            "integrity.py": package.joinpath("integrity.py").read_text(),
             "model.diff": patch.text,
             "test.diff": test_patch.text,
             "spec.json": json.dumps(grading_spec(instance, test_patch)),
@@ -145,6 +149,7 @@ def parse_pod_output(log: str) -> PodOutput:
     strategy = _marker(log, podrunner.STRATEGY)
     exit_text = _marker(log, podrunner.EXIT)
     junit_text = _marker(log, podrunner.JUNIT)
+    verdict_text = _marker(log, podrunner.VERDICT)
     body = log.split(podrunner.BEGIN_LOG, 1)[-1].rsplit(podrunner.END_LOG, 1)[0]
     return PodOutput(
         strategy=None if strategy in (None, "None") else strategy,
@@ -152,6 +157,8 @@ def parse_pod_output(log: str) -> PodOutput:
         junit=base64.b64decode(junit_text) if junit_text else None,
         log=body,
         result=_marker(log, podrunner.RESULT),
+        canaries=_marker(log, podrunner.CANARIES),
+        verdict=base64.b64decode(verdict_text) if verdict_text else None,
     )
 
 

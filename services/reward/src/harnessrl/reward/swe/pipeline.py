@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harnessrl.reward.graders.base import Grade, GradingContext
+from harnessrl.reward.graders.base import Grade, GradingContext, Outcome
+from harnessrl.reward.swe import forgery
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.patchfile import InvalidPatchError, Patch, parse_patch
-from harnessrl.reward.swe.podrunner import pytest_command
+from harnessrl.reward.swe.podrunner import add_canaries, pytest_command
 from harnessrl.reward.swe.rules import evaluate, exit_code_agrees, log_agrees, reward_of
 from harnessrl.reward.swe.sandbox import (
     RunResult,
@@ -89,8 +90,10 @@ async def _grade_in(
     (root / "test.diff").write_text(test_patch.text)
     await apply_test_patch(repo, root / "test.diff")
     shutil.rmtree(repo / ".git")
+    files = instance.test_files(test_patch.paths)
+    canaries = add_canaries(repo, files[-1]) if files else {}
     apply_s = time.monotonic() - started
-    run, junit, log = await _run_tests(root, repo, instance.test_files(test_patch.paths), context)
+    run, junit, log, verdict = await _run_tests(root, repo, files, context)
     details: dict[str, Any] = {
         "patch_strategy": strategy,
         "reset_paths": reset,
@@ -109,7 +112,7 @@ async def _grade_in(
             return Grade(reward=0.0, outcome="infra-error", details=details)
         details["reason"] = "pytest started but left no readable report"
         return Grade(reward=0.0, resolved=False, outcome="inconsistent", details=details)
-    return _resolve(instance, junit, log, run, details, context)
+    return _resolve(instance, junit, log, run, details, context, Integrity(verdict, canaries))
 
 
 async def _pytest_runs(root: Path, context: GradingContext) -> bool:
@@ -128,16 +131,17 @@ async def _pytest_runs(root: Path, context: GradingContext) -> bool:
 
 async def _run_tests(
     root: Path, repo: Path, files: list[str], context: GradingContext
-) -> tuple[RunResult, dict[str, str] | None, str]:
+) -> tuple[RunResult, dict[str, str] | None, str, forgery.Verdict | None]:
     report_dir, home = root / "report", root / "home"
     report_dir.mkdir()
     home.mkdir()
     if context.limits.drop_privileges and privilege_drop_available(context.python):
         give_to_nobody(root)
-    report = report_dir / "junit.xml"
+    runner = _place_runner(root)
+    report, verdict = report_dir / "junit.xml", report_dir / "verdict.json"
     log_path = root / "pytest.log"
     run = await run_sandboxed(
-        pytest_command(context.python, report, files),
+        pytest_command(context.python, runner, verdict, report, files),
         cwd=repo,
         log_path=log_path,
         env=base_environment(home),
@@ -148,7 +152,25 @@ async def _run_tests(
         with contextlib.suppress(ReportError):
             junit = parse_junit(report.read_bytes())
     log = log_path.read_bytes().decode("utf-8", errors="replace")
-    return run, junit, log
+    raw_verdict = verdict.read_bytes()[: 1024 * 1024] if verdict.is_file() else None
+    return run, junit, log, forgery.read_verdict(raw_verdict)
+
+
+def _place_runner(root: Path) -> Path:
+    """The integrity runner, in a folder of the grader's that the sandboxed user cannot change."""
+    folder = root / "grader"
+    folder.mkdir(mode=0o755)
+    runner = folder / "integrity.py"
+    runner.write_bytes(Path(forgery.__file__).with_name("integrity.py").read_bytes())
+    runner.chmod(0o444)
+    return runner
+
+
+class Integrity:
+    """What the grader planted and saw: the canaries' node ids and the integrity verdict."""
+
+    def __init__(self, verdict: forgery.Verdict | None, canaries: dict[str, str]) -> None:
+        self.verdict, self.canaries = verdict, canaries
 
 
 def _resolve(
@@ -158,34 +180,49 @@ def _resolve(
     run: RunResult,
     details: dict[str, Any],
     context: GradingContext,
+    integrity: Integrity,
 ) -> Grade:
     graded = instance.fail_to_pass + instance.pass_to_pass
     report = evaluate(junit, instance.fail_to_pass, instance.pass_to_pass, context.rules)
-    agrees_exit = exit_code_agrees(run.exit_code, junit)
-    agrees_log = log_agrees(junit, parse_pytest_log(log), graded)
-    consistent = agrees_exit and agrees_log
+    logged = parse_pytest_log(log)
     details.update(
         tests={case: junit.get(case, "MISSING") for case in graded},
         FAIL_TO_PASS={"success": report.f2p_success, "failure": report.f2p_failure},
         PASS_TO_PASS={"success": report.p2p_success, "failure": report.p2p_failure},
         f2p_rate=report.f2p_rate,
         p2p_rate=report.p2p_rate,
-        resolution=report.resolution if consistent else "RESOLVED_NO",
+        resolution="RESOLVED_NO",
         log_tail=log[-LOG_TAIL_BYTES:],
+        **forgery.details_of(integrity.verdict, integrity.canaries, junit),
     )
-    if not consistent:
-        details["reason"] = (
-            "exit code disagrees with the test report"
-            if not agrees_exit
-            else "test log disagrees with the test report"
-        )
-        return Grade(reward=0.0, resolved=False, outcome="inconsistent", details=details)
+    reason, outcome = _distrust(junit, logged, run, integrity, graded)
+    if reason:
+        details["reason"] = reason
+        return Grade(reward=0.0, resolved=False, outcome=outcome, details=details)
+    details["resolution"] = report.resolution
     return Grade(
         reward=reward_of(report, context.rules),
         resolved=report.resolved,
         outcome="graded",
         details=details,
     )
+
+
+def _distrust(
+    junit: dict[str, str], logged: dict[str, str], run: RunResult, integrity: Integrity, graded: list[str]
+) -> tuple[str, Outcome]:
+    """Why the run's report cannot be taken as it is ("" when it can), and the outcome that makes."""
+    verdict = integrity.verdict
+    forged = forgery.forged(junit, logged, verdict, integrity.canaries) if verdict is not None else []
+    if forged:
+        return "; ".join(forged), "forgery"
+    if verdict is None or verdict.exit_code != run.exit_code:
+        return "the test process did not end as pytest ended it (no verdict, or another code)", "inconsistent"
+    if not exit_code_agrees(run.exit_code, junit):
+        return "exit code disagrees with the test report", "inconsistent"
+    if not log_agrees(junit, logged, graded):
+        return "test log disagrees with the test report", "inconsistent"
+    return "", "graded"
 
 
 def resolve_output(instance: SweInstance, output: Any, context: GradingContext) -> Grade:
@@ -211,4 +248,5 @@ def resolve_output(instance: SweInstance, output: Any, context: GradingContext) 
         exit_code=output.exit_code, timed_out=False, duration_s=0.0, network_isolated=True, unprivileged=True
     )
     details.update(exit_code=output.exit_code)
-    return _resolve(instance, junit, output.log, run, details, context)
+    integrity = Integrity(forgery.read_verdict(output.verdict), forgery.read_canaries(output.canaries))
+    return _resolve(instance, junit, output.log, run, details, context, integrity)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,13 @@ from pathlib import Path
 
 BEGIN_LOG, END_LOG = ">>>>> Start Test Output", ">>>>> End Test Output"
 JUNIT, EXIT, STRATEGY, RESULT = ">>>>> JUnit", ">>>>> Test Exit Code", ">>>>> Strategy", ">>>>> Result"
+CANARIES, VERDICT = ">>>>> Canaries", ">>>>> Verdict"
+# Canary names are drawn from words tests use, so nothing in a name tells a canary from a real test.
+CANARY_WORDS = (
+    "parse", "render", "empty", "nested", "unicode", "default", "limit", "order", "merge", "split",
+    "format", "values", "keys", "index", "range", "offset", "prefix", "suffix", "escape", "quote",
+    "encode", "decode", "repr", "copy", "compare", "sort", "filter", "group", "join", "strip",
+)  # fmt: skip
 APPLY_STRATEGIES: tuple[tuple[str, list[str]], ...] = (
     ("git-apply", ["git", "apply", "--verbose"]),
     ("git-apply-3way", ["git", "apply", "--verbose", "--3way"]),
@@ -53,14 +61,41 @@ def apply_model_patch(patch: str) -> str | None:
     return None
 
 
-def pytest_command(python: str, report: Path, files: list[str]) -> list[str]:
-    """The test command: isolated interpreter, no cache, xunit1 JUnit report outside the repo."""
+def add_canaries(repo: Path, test_file: str) -> dict[str, str]:
+    """Append two canary tests to `test_file` (the last one run): `fail` must fail, `pass` must pass.
+
+    Their node ids, by role. A report that says the failing one passed was forged. They go last so
+    that a repository's `-x` (stop at the first failure) never skips a real test because of them.
+    """
+    if not (repo / test_file).is_file():
+        return {}
+    pick = secrets.SystemRandom()
+    first, second = pick.sample(CANARY_WORDS, 2), pick.sample(CANARY_WORDS, 2)
+    while second == first:
+        second = pick.sample(CANARY_WORDS, 2)
+    names = {"fail": f"test_{first[0]}_{first[1]}", "pass": f"test_{second[0]}_{second[1]}"}
+    a, b = pick.randrange(2, 99), pick.randrange(2, 99)
+    body = (
+        f"\n\ndef {names['fail']}():\n    assert {a} + {b} == {a + b + 1}\n"
+        f"\n\ndef {names['pass']}():\n    assert {a} * {b} == {a * b}\n"
+    )
+    with (repo / test_file).open("a") as out:
+        out.write(body)
+    return {role: f"{test_file}::{name}" for role, name in names.items()}
+
+
+def pytest_command(python: str, runner: Path, verdict: Path, report: Path, files: list[str]) -> list[str]:
+    """The test command: isolated interpreter, no cache, xunit1 JUnit report outside the repo.
+
+    pytest runs under the integrity runner (`integrity.py`), which writes `verdict`.
+    """
     return [
         python,
         "-I",
         "-u",
-        "-m",
-        "pytest",
+        str(runner),
+        "--verdict",
+        str(verdict),
         "-rA",
         "-p",
         "no:cacheprovider",
@@ -118,8 +153,11 @@ def main() -> int:
     # The tests see the tree, not its history: as in the local sandbox, no `.git` (a later commit,
     # a stash or a reflog entry could carry the reference fix or the hidden tests).
     shutil.rmtree(".git")
-    report = Path(os.environ.get("REPORT_DIR", "/tmp")) / "junit.xml"  # noqa: S108 - pod-private
-    command = pytest_command(sys.executable, report, spec["test_files"])
+    files = spec["test_files"]
+    canaries = add_canaries(Path(), files[-1]) if files else {}
+    reports = Path(os.environ.get("REPORT_DIR", "/tmp"))  # noqa: S108 - pod-private
+    report, verdict = reports / "junit.xml", reports / "verdict.json"
+    command = pytest_command(sys.executable, grading / "integrity.py", verdict, report, files)
     env = {
         "PATH": os.environ.get("PATH", ""),
         "HOME": "/tmp",  # noqa: S108 - pod-private emptyDir
@@ -132,6 +170,11 @@ def main() -> int:
     junit = report.read_bytes() if report.is_file() else b""
     emit(f"{JUNIT}: {base64.b64encode(junit).decode()}")
     emit(f"{EXIT}: {done.returncode}")
+    emit(f"{CANARIES}: {json.dumps(canaries)}")
+    # Always printed (empty without a verdict): the last marker wins, and the test output before it
+    # may hold forged ones.
+    written = verdict.read_bytes() if verdict.is_file() else b""
+    emit(f"{VERDICT}: {base64.b64encode(written).decode()}")
     return 0
 
 
