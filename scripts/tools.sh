@@ -28,6 +28,16 @@ if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ]; then
     || echo "haproxy could not be installed: the chaos and scale-out tests need it" >&2
 fi
 
+# A grading interpreter any user can run (Debian's python3 with pytest): the reward tests grade with
+# it as a uid of each grading's own, as a deployment does; the dev environment under the private
+# home cannot be run by those uids.
+if ! /usr/bin/python3 -c "import pytest" >/dev/null 2>&1; then
+  echo "installing python3-pytest (Debian package)"
+  apt-get install -y -qq python3-pytest >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq python3-pytest >/dev/null 2>&1; } \
+    || echo "python3-pytest could not be installed: the reward tests grade as root without it" >&2
+fi
+
 mswea="$cache/harness-mini-swe-agent-2.4.6"
 if [ ! -x "$mswea/bin/mini" ]; then
   echo "building the mini-swe-agent harness environment"

@@ -10,7 +10,7 @@ import pytest
 
 from harnessrl.reward.graders.base import GradingContext
 from harnessrl.reward.settings import SandboxLimits
-from harnessrl.reward.swe.sandbox import available_limits
+from harnessrl.reward.swe.sandbox import available_limits, privilege_drop_available
 from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 
 
@@ -25,12 +25,18 @@ def tinyswe_rows(tinyswe_root: Path) -> list[dict[str, Any]]:
     return load_instances(tinyswe_root)
 
 
+# Debian's python3 with pytest (scripts/tools.sh installs it): runnable by any uid, unlike the dev
+# environment under the private home, so gradings drop privileges as in a deployment.
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
 @pytest.fixture(scope="session")
 def context(tinyswe_root: Path) -> GradingContext:
     # The sandbox refuses to run weaker than asked: ask for what this machine gives (without root,
-    # or with this interpreter where nobody cannot reach it, no privilege drop).
-    limits = available_limits(SandboxLimits(), sys.executable)
-    return GradingContext(tasks_root=str(tinyswe_root), python=sys.executable, limits=limits)
+    # or with an interpreter the grading uids cannot reach, no privilege drop).
+    python = SYSTEM_PYTHON if privilege_drop_available(SYSTEM_PYTHON) else sys.executable
+    limits = available_limits(SandboxLimits(), python)
+    return GradingContext(tasks_root=str(tinyswe_root), python=python, limits=limits)
 
 
 @pytest.fixture(scope="session")

@@ -4,13 +4,18 @@ Each hack is a patch an agent could submit instead of (or on top of) a real fix.
 the calc power bug, whose FAIL_TO_PASS tests come from the test patch.
 """
 
+import asyncio
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import psutil
 import pytest
 
 from harnessrl.reward.graders.base import Grade, GradingContext
@@ -487,3 +492,83 @@ async def test_a_forgery_is_detected(
     assert (result.outcome, result.reward, result.resolved) == ("forgery", 0.0, False), result.details
     assert CAUGHT_BY[name] in result.details["reason"], result.details["reason"]
     assert result.details["reset_paths"] == [], result.details  # no file the reset knows was touched
+
+
+# --- processes: nothing a grading starts outlives it, nor reaches another grading -----------------
+
+# Started when the tests import the package: a process in a session of its own (out of the test
+# command's process group), meant to outlive the grading and tamper with later ones.
+LINGER = """import os
+import subprocess
+import sys
+
+if os.environ.get("HRL_LINGER") is None:
+    subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "MARKER"],
+        env={**os.environ, "HRL_LINGER": "1"}, start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+"""
+# While the tests run, try to write into every other grading's workspace under the same work root.
+SNOOP = """import glob
+import os
+import time
+
+_mine = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+_found = []
+for _ in range(60):
+    for path in glob.glob(os.path.join(os.path.dirname(_mine), "hrl-grade-*")):
+        if path == _mine:
+            continue
+        try:
+            with open(os.path.join(path, "repo", "calc", "__init__.py"), "a") as out:
+                out.write("raise SystemExit(0)\\n")
+            _found.append(path)
+        except OSError:
+            pass
+    time.sleep(0.05)
+with open("PROBE", "w") as out:
+    out.write(repr(sorted(set(_found))))
+"""
+SLOW = "import time\n\ntime.sleep(4)\n"
+
+
+def survivors(marker: str) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if marker in cmdline:
+            found.append(f"{proc.pid} {cmdline}")
+    return found
+
+
+async def test_a_process_the_tests_leave_behind_does_not_outlive_the_grading(
+    calc_row: dict[str, Any], context: GradingContext
+) -> None:
+    assert context.limits.drop_privileges, "this machine cannot drop privileges: run the suite as root"
+    marker = f"linger-{uuid.uuid4().hex}"
+    result = await grade(calc_row, calc_row["patch"] + in_package(LINGER.replace("MARKER", marker)), context)
+    assert result.resolved is True, result.details  # the grading itself went through
+    assert survivors(marker) == []
+
+
+async def test_concurrent_gradings_cannot_write_into_each_other(
+    calc_row: dict[str, Any], context: GradingContext
+) -> None:
+    """Each grading runs as a uid of its own in a workspace only that uid can enter."""
+    assert context.limits.drop_privileges, "this machine cannot drop privileges: run the suite as root"
+    work = Path(tempfile.mkdtemp(prefix="hrl-work-"))  # a work root any grading uid can list
+    try:
+        work.chmod(0o755)
+        out = work / "out"
+        out.mkdir(mode=0o777)
+        out.chmod(0o777)
+        shared = msgspec.structs.replace(context, work_root=str(work))
+        snoop = in_package(SNOOP.replace('"PROBE"', repr(str(out / "probe.txt"))))
+        victim, _ = await asyncio.gather(
+            grade(calc_row, calc_row["patch"] + in_package(SLOW), shared), grade(calc_row, snoop, shared)
+        )
+        assert victim.resolved is True, victim.details  # nothing was written into its workspace
+        assert (out / "probe.txt").read_text() == "[]"
+    finally:
+        shutil.rmtree(work)

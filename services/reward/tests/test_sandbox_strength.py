@@ -47,11 +47,17 @@ HISTORY_PROBE = (
 
 @pytest.fixture
 def unreachable_python(tmp_path: Path) -> str:
-    """An interpreter in a folder `nobody` cannot enter."""
+    """An interpreter an unprivileged user cannot start: a script that runs this one from its folder.
+
+    Not a link to it: `setpriv` resolves the path it executes with root's rights, so a link in a
+    private folder still starts as `nobody` (and finds a system Python's pytest if there is one).
+    The script's own `exec` runs as the user: this environment's folder is out of its reach.
+    """
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     python = private / "python3"
-    python.symlink_to(sys.executable)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o700)
     return str(python)
 
 

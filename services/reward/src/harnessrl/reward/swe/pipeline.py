@@ -24,7 +24,8 @@ from harnessrl.reward.swe.rules import evaluate, exit_code_agrees, log_agrees, r
 from harnessrl.reward.swe.sandbox import (
     RunResult,
     base_environment,
-    give_to_nobody,
+    give_to,
+    grading_uid,
     privilege_drop_available,
     run_sandboxed,
 )
@@ -93,7 +94,8 @@ async def _grade_in(
     files = instance.test_files(test_patch.paths)
     canaries = add_canaries(repo, files[-1]) if files else {}
     apply_s = time.monotonic() - started
-    run, junit, log, verdict = await _run_tests(root, repo, files, context)
+    uid = grading_uid()
+    run, junit, log, verdict = await _run_tests(root, repo, files, context, uid)
     details: dict[str, Any] = {
         "patch_strategy": strategy,
         "reset_paths": reset,
@@ -107,7 +109,7 @@ async def _grade_in(
         return Grade(reward=0.0, resolved=False, outcome="timeout", details=details)
     if junit is None:
         details["log_tail"] = log[-LOG_TAIL_BYTES:]
-        if not await _pytest_runs(root, context):
+        if not await _pytest_runs(root, context, uid):
             details["reason"] = "pytest cannot run in the sandbox"
             return Grade(reward=0.0, outcome="infra-error", details=details)
         details["reason"] = "pytest started but left no readable report"
@@ -115,7 +117,7 @@ async def _grade_in(
     return _resolve(instance, junit, log, run, details, context, Integrity(verdict, canaries))
 
 
-async def _pytest_runs(root: Path, context: GradingContext) -> bool:
+async def _pytest_runs(root: Path, context: GradingContext, uid: int) -> bool:
     """Whether pytest starts at all: tells a broken environment from a patch that killed the run."""
     probe = root / "probe"
     probe.mkdir()
@@ -125,18 +127,19 @@ async def _pytest_runs(root: Path, context: GradingContext) -> bool:
         log_path=root / "probe.log",
         env=base_environment(probe),
         limits=context.limits,
+        uid=uid,
     )
     return run.exit_code == 0
 
 
 async def _run_tests(
-    root: Path, repo: Path, files: list[str], context: GradingContext
+    root: Path, repo: Path, files: list[str], context: GradingContext, uid: int
 ) -> tuple[RunResult, dict[str, str] | None, str, forgery.Verdict | None]:
     report_dir, home = root / "report", root / "home"
     report_dir.mkdir()
     home.mkdir()
     if context.limits.drop_privileges and privilege_drop_available(context.python):
-        give_to_nobody(root)
+        give_to(root, uid)
     runner = _place_runner(root)
     report, verdict = report_dir / "junit.xml", report_dir / "verdict.json"
     log_path = root / "pytest.log"
@@ -146,6 +149,7 @@ async def _run_tests(
         log_path=log_path,
         env=base_environment(home),
         limits=context.limits,
+        uid=uid,
     )
     junit: dict[str, str] | None = None
     if report.is_file():

@@ -1,10 +1,12 @@
 """The local sandbox: run one command over a workspace with a timeout, limits and no network.
 
 Hardening (each probed once, reported in every result): a new network namespace (`unshare -n`,
-so only a down loopback exists), an unprivileged user (`setpriv` to nobody, so the command cannot
-write the pristine repositories or the grader's files), rlimits (address space, file size,
-processes, CPU, no core dumps), a scrubbed environment, its own process group killed whole on
-timeout, and output capped by the file-size limit.
+so only a down loopback exists), an unprivileged user of its own (`setpriv` to a uid drawn for this
+grading alone, so the command cannot write the pristine repositories, the grader's files or another
+grading's workspace, and every process it leaves, even one in a session of its own, is killed when
+the command ends), rlimits (address space, file size, processes of that user, CPU, no core dumps), a
+scrubbed environment, its own process group killed whole on timeout, and output capped by the
+file-size limit.
 
 What the limits ask for, the sandbox gives or refuses (`SandboxUnavailableError`): model code never
 runs with network access or as the grader's user because this machine could not isolate it. A
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import secrets
 import subprocess
 import time
 from functools import cache
@@ -29,6 +32,9 @@ from harnessrl.reward.settings import SandboxLimits
 from harnessrl.shared.process import signal_group
 
 NOBODY = 65534
+# Gradings run as uids drawn from here, one per grading: no passwd entry, no files outside the
+# grading's own workspace, and nothing else running as them.
+GRADING_UIDS = range(1_000_000, 2_000_000)
 
 
 class SandboxUnavailableError(RewardError):
@@ -103,8 +109,13 @@ def _probe(command: list[str]) -> bool:
     return done.returncode == 0
 
 
-def _setpriv_prefix() -> list[str]:
-    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+def _setpriv_prefix(uid: int = NOBODY) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
+def grading_uid() -> int:
+    """A uid for one grading (concurrent gradings draw different ones but for a 1e-6 chance)."""
+    return GRADING_UIDS.start + secrets.randbelow(len(GRADING_UIDS))
 
 
 def _limit_child(limits: SandboxLimits) -> None:
@@ -130,12 +141,24 @@ def base_environment(home: Path) -> dict[str, str]:
     }
 
 
-def give_to_nobody(root: Path) -> None:
-    """Hand a workspace to the unprivileged user so the sandboxed command can write there."""
-    os.chown(root, NOBODY, NOBODY)
+def give_to(root: Path, uid: int) -> None:
+    """Hand a workspace to the grading's user so the sandboxed command can write there."""
+    os.chown(root, uid, uid)
     for folder, dirs, files in os.walk(root):
         for name in dirs + files:
-            os.chown(os.path.join(folder, name), NOBODY, NOBODY, follow_symlinks=False)
+            os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
+
+
+async def kill_user(uid: int, python: str) -> None:
+    """SIGKILL every process of `uid` (kill(-1) as that user: a fork racing it is caught too)."""
+    if uid not in GRADING_UIDS:
+        raise ValueError(f"uid {uid} is not a grading uid: killing all its processes could hit others")
+    code = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass"
+    quiet = asyncio.subprocess.DEVNULL
+    killer = await asyncio.create_subprocess_exec(
+        *_setpriv_prefix(uid), python, "-I", "-c", code, stdin=quiet, stdout=quiet, stderr=quiet
+    )
+    await killer.wait()
 
 
 async def run_sandboxed(
@@ -145,14 +168,18 @@ async def run_sandboxed(
     log_path: Path,
     env: dict[str, str],
     limits: SandboxLimits,
+    uid: int | None = None,
 ) -> RunResult:
-    """Run `command` in `cwd`, stdout and stderr to `log_path`, under `limits`.
+    """Run `command` in `cwd` as `uid`, stdout and stderr to `log_path`, under `limits`.
 
-    Raises `SandboxUnavailableError` when an isolation `limits` asks for is not available.
+    The first word of `command` is the grading interpreter; `uid` is a fresh grading uid unless
+    given, and every process of it is killed when the command ends. Raises
+    `SandboxUnavailableError` when an isolation `limits` asks for is not available.
     """
     check_sandbox(limits, command[0])
+    uid = grading_uid() if uid is None else uid
     isolated, unprivileged = limits.isolate_network, limits.drop_privileges
-    prefix = (["unshare", "-n", "--"] if isolated else []) + (_setpriv_prefix() if unprivileged else [])
+    prefix = (["unshare", "-n", "--"] if isolated else []) + (_setpriv_prefix(uid) if unprivileged else [])
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
@@ -174,6 +201,8 @@ async def run_sandboxed(
             signal_group(process.pid)
             exit_code = await process.wait()
     signal_group(process.pid)  # leftovers a test may have spawned in the background
+    if unprivileged:
+        await kill_user(uid, command[0])  # and those that left the group (setsid, double fork)
     return RunResult(
         exit_code=exit_code,
         timed_out=timed_out,
