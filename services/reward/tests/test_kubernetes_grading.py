@@ -88,6 +88,14 @@ def test_job_is_hardened(calc_row: dict[str, Any]) -> None:
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert pod["hostNetwork"] is False and pod["hostPID"] is False and pod["hostIPC"] is False
+    # The grading sees a copy of the repository where the image has it, never the image's original
+    # (whose `.git` the runner cannot delete on a read-only root): the copy is mounted over it.
+    (copy,) = pod["initContainers"]
+    assert copy["command"] == ["cp", "-R", "/testbed/.", "/work/"] and copy["image"] == container["image"]
+    assert copy["securityContext"] == container["securityContext"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts["/testbed"] == "work" == {m["mountPath"]: m["name"] for m in copy["volumeMounts"]}["/work"]
+    assert {v["name"]: v for v in pod["volumes"]}["work"]["emptyDir"]
     assert container["resources"]["limits"]["memory"] == "2Gi"
     assert job["spec"]["template"]["metadata"]["labels"]["harnessrl.io/network"] == "none"
 

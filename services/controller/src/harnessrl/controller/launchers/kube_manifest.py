@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from harnessrl.controller.launchers.base import LaunchRequest
+from harnessrl.controller.launchers.base import LaunchError, LaunchRequest
 from harnessrl.controller.launchers.policy import check_image, check_job_template
 from harnessrl.shared.contracts import LauncherSpec
 from harnessrl.shared.podpolicy import EPISODE_UID, harden_pod
@@ -37,6 +37,23 @@ GIT_SAFE_WORKSPACE = {
     "GIT_CONFIG_KEY_0": "safe.directory",
     "GIT_CONFIG_VALUE_0": WORKSPACE,
 }
+# The workspace init container: the image's repository copied in ($1 to $2) and left at the base
+# commit ($3) and nothing else, as the local launcher leaves it: other refs, the reflog and every
+# object they alone reached go, so the harness never sees a later commit (which could be the fix).
+# Not `cp -a`: the workspace emptyDir belongs to root (the kubelet's), and setting its times as a
+# non-root user fails. The files keep their modes; git rehashes the new times.
+WORKSPACE_SCRIPT = """set -e
+cp -R "$1/." "$2/"
+cd "$2"
+if [ -d .git ]; then
+  git checkout -q --detach --force "$3"
+  git for-each-ref --format='delete %(refname)' | git update-ref --stdin
+  rm -f .git/ORIG_HEAD .git/FETCH_HEAD
+  git reflog expire --expire=now --all
+  git gc -q --prune=now
+fi
+"""
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
 def job_name(run: str, episode: str) -> str:
@@ -121,17 +138,24 @@ def _pod_spec(request: LaunchRequest, spec: LauncherSpec) -> dict[str, Any]:
     instance = request.task.instance or {}
     if request.task.kind == "swe" and instance.get("image"):
         source = str(instance.get("workdir", "/testbed")).rstrip("/")
-        # Not `cp -a`: the workspace emptyDir belongs to root (the kubelet's), and setting its
-        # times as a non-root user fails. The files keep their modes; git rehashes the new times.
         pod["initContainers"] = [
             {
                 "name": "workspace",
                 "image": instance["image"],
-                "command": ["cp", "-R", f"{source}/.", f"{WORKSPACE}/"],
+                "command": ["sh", "-c", WORKSPACE_SCRIPT, "workspace", source, WORKSPACE, _base(instance)],
+                "env": [{"name": k, "value": v} for k, v in GIT_SAFE_WORKSPACE.items()],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
             }
         ]
     return pod
+
+
+def _base(instance: dict[str, Any]) -> str:
+    """The base commit to leave the workspace at (HEAD of the image's repository when unnamed)."""
+    base = str(instance.get("base_commit") or "HEAD")
+    if base != "HEAD" and not _COMMIT.fullmatch(base):
+        raise LaunchError(f"base_commit {base!r} is not a commit id (7 to 40 lowercase hex digits)")
+    return base
 
 
 def _enforce(job: dict[str, Any], request: LaunchRequest, ttl_s: int) -> None:

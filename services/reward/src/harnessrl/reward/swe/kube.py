@@ -79,30 +79,49 @@ def config_map(
     }
 
 
-def _container(instance: SweInstance, timeout_s: float, cpu: str, memory: str) -> dict[str, Any]:
-    return {
+def _containers(instance: SweInstance, cpu: str, memory: str) -> dict[str, list[dict[str, Any]]]:
+    """The copy of the image's repository (init) and the grading over it, mounted where it was.
+
+    The grading container sees the copy at the repository's own path (its environment's editable
+    installs point there), and so never the image's original with its `.git`: the runner deletes
+    the copy's history before any test runs.
+    """
+    resources = {
+        "requests": {"cpu": cpu, "memory": memory},
+        "limits": {"cpu": cpu, "memory": memory, "ephemeral-storage": "2Gi"},
+    }
+    tmp = {"name": "tmp", "mountPath": "/tmp"}  # noqa: S108 - an emptyDir
+    # Not `cp -a`: the emptyDir belongs to root (the kubelet's), and setting its times as a non-root
+    # user fails. The files keep their modes; git rehashes the new times.
+    copy = {
+        "name": "testbed",
+        "image": instance.image,
+        "command": ["cp", "-R", f"{instance.repo_dir}/.", "/work/"],
+        "resources": resources,
+        "volumeMounts": [{"name": "work", "mountPath": "/work"}, tmp],
+    }
+    grade = {
         "name": "grade",
         "image": instance.image,
-        "command": [
-            "sh",
-            "-c",
-            f'cp -a "{instance.repo_dir}/." /work/repo && exec python3 -I /grading/runner.py',
-        ],
+        "command": ["python3", "-I", "/grading/runner.py"],
         "env": [
-            {"name": "REPO_DIR", "value": "/work/repo"},
+            {"name": "REPO_DIR", "value": instance.repo_dir},
+            # The copy is the grading user's, the folder it is mounted on root's: git refuses such a
+            # repository as dubiously owned unless protected configuration names it safe.
+            {"name": "GIT_CONFIG_COUNT", "value": "1"},
+            {"name": "GIT_CONFIG_KEY_0", "value": "safe.directory"},
+            {"name": "GIT_CONFIG_VALUE_0", "value": instance.repo_dir},
             {"name": "GRADING_DIR", "value": "/grading"},
             {"name": "REPORT_DIR", "value": "/tmp"},  # noqa: S108 - the pod's own emptyDir
         ],
-        "resources": {
-            "requests": {"cpu": cpu, "memory": memory},
-            "limits": {"cpu": cpu, "memory": memory, "ephemeral-storage": "2Gi"},
-        },
+        "resources": resources,
         "volumeMounts": [
             {"name": "grading", "mountPath": "/grading", "readOnly": True},
-            {"name": "work", "mountPath": "/work"},
-            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - an emptyDir
+            {"name": "work", "mountPath": instance.repo_dir},
+            tmp,
         ],
     }
+    return {"initContainers": [copy], "containers": [grade]}
 
 
 def grading_job(
@@ -117,7 +136,7 @@ def grading_job(
     """The hardened grading Job (pair it with `config_map` of the same name)."""
     labels = {GRADING_LABEL: "reward-grading", "harnessrl.io/network": "none"}
     pod_spec = {
-        "containers": [_container(instance, timeout_s, cpu, memory)],
+        **_containers(instance, cpu, memory),
         "volumes": [
             {"name": "grading", "configMap": {"name": name, "defaultMode": 0o444}},
             {"name": "work", "emptyDir": {"sizeLimit": "1Gi"}},
