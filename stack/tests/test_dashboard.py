@@ -75,6 +75,7 @@ DOM_FACTS = """(() => {
     masked_colour: getComputedStyle(document.querySelector('#tokens .tok.masked')).backgroundImage,
     step: document.getElementById('step-value').textContent,
     in_flight: document.querySelector('#stat-in-flight .value').textContent,
+    forged: document.querySelector('#stat-forgery .value').textContent,
     calls: all('#tokens .call').length,
   };
 })()"""
@@ -96,6 +97,7 @@ async def test_the_page_shows_curves_episode_states_and_tokens_coloured_by_mask_
     assert shot.stat().st_size > 10_000
     assert facts["reward_points"] == 6 and facts["heldout_curves"] == 2
     assert facts["step"] == "6" and facts["in_flight"] == "5"
+    assert facts["forged"] == str(run.outcomes["forgery"]) != "0"  # grades the reward service called forged
     assert {"completed", "failed", "retried", "started", "scheduled"} <= set(facts["states"])
     assert {"completed", "failed", "started"} <= set(facts["bar_states"])
     # the showcase's first call was sampled a version behind and re-sent (a dead end)
@@ -133,6 +135,7 @@ async def test_the_json_endpoints_say_what_was_published(
     assert [w["version"] for w in summary["weights"]] == [1, 2, 3, 4, 5, 6]
     assert summary["staleness"] == {"0": 9, "1": 3} and summary["tokens_per_s"]["sampled"] > 0
     assert summary["ignored"] == {}
+    assert summary["gradings"] == dict(run.outcomes) and run.outcomes["forgery"] > 0
 
     status, listed = await get_json(f"{dashboard}/api/runs")
     assert status == 200 and run.run in [r["run"] for r in listed["runs"]]

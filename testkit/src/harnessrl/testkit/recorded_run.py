@@ -70,6 +70,7 @@ class RecordedRun:
         self.step = 0
         self.clock = time.time() - 3600.0
         self.counts: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()  # grades published, by outcome
         # One finished episode per step that shows every token role (its id, newest step).
         self.showcase = ""
         self.in_flight: list[str] = []
@@ -143,7 +144,14 @@ class RecordedRun:
         self._spans(recorder)
         artifact = ArtifactRef(kind="answer", size=len(str(answer)), inline=str(answer).encode())
         self._event(AgentExited(**base, exit_code=0, artifact=artifact, at=self._tick()))
-        self._event(EpisodeScored(**base, reward=reward, resolved=bool(reward), at=self._tick()))
+        # Now and then a wrong answer's grade is a detected forgery (reward 0 all the same).
+        outcome = "forgery" if special == 5 and not reward else "graded"
+        why = {"reason": "the failing canary test was reported passing"} if outcome == "forgery" else {}
+        scored = EpisodeScored(
+            **base, reward=reward, resolved=bool(reward), outcome=outcome, details=why, at=self._tick()
+        )
+        self._event(scored)
+        self.outcomes[outcome] += 1
         spans = len(recorder.spans)
         self._event(
             EpisodeCompleted(**base, reward=reward, span_count=spans, last_seq=spans - 1, at=self._tick())

@@ -75,6 +75,7 @@ class RunBoard:
         self.episodes: dict[str, EpisodeRow] = {}
         self.weights: list[WeightVersion] = []
         self.rewards: list[float] = []
+        self.outcomes: Counter[str] = Counter()  # grades by outcome: `forgery` is a forged report
         self.span_ends: deque[tuple[float, int]] = deque()
         self.ignored: Counter[str] = Counter()
         self.updated_at = 0.0
@@ -121,7 +122,10 @@ class RunBoard:
         row.task, row.group, row.attempt = event.task, event.group, event.attempt
         row.state, row.updated_at = event_kind(event), max(row.updated_at, event.at)
         match event:
-            case EpisodeScored() | EpisodeCompleted():
+            case EpisodeScored():
+                row.reward = event.reward
+                self.outcomes[event.outcome] += 1
+            case EpisodeCompleted():
                 row.reward = event.reward
             case EpisodeFailed():
                 row.failure = f"{event.cause}: {event.reason}"
@@ -177,6 +181,7 @@ class RunBoard:
                 "rows": [msgspec.to_builtins(row) for row in shown],
             },
             "rewards": {"rollouts": len(self.rewards), "mean": _mean(self.rewards)},
+            "gradings": dict(self.outcomes),
             "tokens_per_s": {
                 "trained": progress.value("perf/tokens_per_s"),
                 "sampled": round(self.sampled_tokens_per_s(), 2),
