@@ -12,12 +12,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harnessrl.reward.graders.base import GradingContext
 from harnessrl.reward.service import RewardService
 from harnessrl.reward.settings import RewardSettings, SandboxLimits
 from harnessrl.reward.swe.instance import SweInstance
@@ -27,10 +29,14 @@ from harnessrl.reward.swe.sandbox import (
     SandboxUnavailableError,
     available_limits,
     base_environment,
+    confinement,
+    give_to,
+    grading_uid,
     missing_isolation,
     run_sandboxed,
 )
 from harnessrl.reward.swe.testlog import parse_junit
+from harnessrl.reward.swe.workspace import apply_patch
 from harnessrl.shared.bus import Bus
 from harnessrl.shared.contracts import AgentExited, ArtifactRef, EpisodeFailed, TaskSpec, decode_event
 
@@ -151,3 +157,42 @@ def test_the_kubernetes_grading_workspace_has_no_history(
     spec = json.loads((grading / "spec.json").read_text())
     assert spec["test_files"]  # the tests really ran against the patched tree
     shutil.rmtree(work)
+
+
+async def test_the_models_patch_is_applied_as_the_gradings_user_without_network(
+    context: GradingContext,
+) -> None:
+    """`git apply` and `patch` read hostile input: they run confined, as the grading's own user."""
+    assert context.limits.drop_privileges and context.limits.isolate_network, context.limits
+    work = Path(tempfile.mkdtemp(prefix="hrl-grade-"))  # where gradings work: any uid may pass /tmp
+    try:
+        await _apply_twice(work, context)
+    finally:
+        shutil.rmtree(work)
+
+
+async def _apply_twice(tmp_path: Path, context: GradingContext) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "lib.py").write_text("def f():\n    return 1\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "."], cwd=repo, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "b"], cwd=repo, check=True
+    )
+    patch = tmp_path / "model.diff"
+    patch.write_text(
+        "diff --git a/lib.py b/lib.py\n--- a/lib.py\n+++ b/lib.py\n@@ -1,2 +1,2 @@\n"
+        " def f():\n-    return 1\n+    return 2\n"
+    )
+    uid = grading_uid()
+    confined = confinement(context.limits, uid)
+    assert confined[:3] == ["unshare", "-n", "--"] and f"--reuid={uid}" in confined
+    home = tmp_path / "home"
+    home.mkdir()
+    # Still root's: the grading's user can change nothing in it, so every strategy fails.
+    strategy, errors = await apply_patch(repo, patch, confined, base_environment(home))
+    assert strategy is None and (repo / "lib.py").read_text().endswith("return 1\n"), errors
+    give_to(tmp_path, uid)
+    strategy, errors = await apply_patch(repo, patch, confined, base_environment(home))
+    assert strategy == "git-apply" and (repo / "lib.py").read_text().endswith("return 2\n"), errors

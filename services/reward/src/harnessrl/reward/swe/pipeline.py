@@ -24,6 +24,8 @@ from harnessrl.reward.swe.rules import evaluate, exit_code_agrees, log_agrees, r
 from harnessrl.reward.swe.sandbox import (
     RunResult,
     base_environment,
+    check_sandbox,
+    confinement,
     give_to,
     grading_uid,
     privilege_drop_available,
@@ -75,11 +77,18 @@ async def _grade_in(
     test_patch: Patch,
     context: GradingContext,
 ) -> Grade:
+    check_sandbox(context.limits, context.python)  # refuse before the patch is touched, not after
     repo = root / "repo"
     started = time.monotonic()
+    uid = grading_uid()
     base = await clone_pristine(pristine, instance.base_commit, repo)
     (root / "model.diff").write_text(patch.text)
-    strategy, errors = await apply_patch(repo, root / "model.diff")
+    (root / "home").mkdir()
+    if context.limits.drop_privileges and privilege_drop_available(context.python):
+        give_to(root, uid)
+    strategy, errors = await apply_patch(
+        repo, root / "model.diff", confinement(context.limits, uid), base_environment(root / "home")
+    )
     if strategy is None:
         return _fail(
             "patch-failed",
@@ -94,7 +103,6 @@ async def _grade_in(
     files = instance.test_files(test_patch.paths)
     canaries = add_canaries(repo, files[-1]) if files else {}
     apply_s = time.monotonic() - started
-    uid = grading_uid()
     run, junit, log, verdict = await _run_tests(root, repo, files, context, uid)
     details: dict[str, Any] = {
         "patch_strategy": strategy,
@@ -137,7 +145,6 @@ async def _run_tests(
 ) -> tuple[RunResult, dict[str, str] | None, str, forgery.Verdict | None]:
     report_dir, home = root / "report", root / "home"
     report_dir.mkdir()
-    home.mkdir()
     if context.limits.drop_privileges and privilege_drop_available(context.python):
         give_to(root, uid)
     runner = _place_runner(root)

@@ -113,6 +113,12 @@ def _setpriv_prefix(uid: int = NOBODY) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
 
 
+def confinement(limits: SandboxLimits, uid: int) -> list[str]:
+    """The command prefix that runs a command without network and as `uid`, as `limits` ask."""
+    network = ["unshare", "-n", "--"] if limits.isolate_network else []
+    return network + (_setpriv_prefix(uid) if limits.drop_privileges else [])
+
+
 def grading_uid() -> int:
     """A uid for one grading (concurrent gradings draw different ones but for a 1e-6 chance)."""
     return GRADING_UIDS.start + secrets.randbelow(len(GRADING_UIDS))
@@ -179,7 +185,7 @@ async def run_sandboxed(
     check_sandbox(limits, command[0])
     uid = grading_uid() if uid is None else uid
     isolated, unprivileged = limits.isolate_network, limits.drop_privileges
-    prefix = (["unshare", "-n", "--"] if isolated else []) + (_setpriv_prefix(uid) if unprivileged else [])
+    prefix = confinement(limits, uid)
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(

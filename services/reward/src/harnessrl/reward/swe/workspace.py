@@ -14,6 +14,7 @@ import asyncio
 import re
 import shutil
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from harnessrl.reward.errors import RewardError
@@ -48,6 +49,9 @@ async def git(repo: Path, *args: str, check: bool = True, stdin: bytes | None = 
         "git",
         "-c",
         "core.hooksPath=/dev/null",
+        # The workspace may belong to the grading's user by now (the patch is applied as that user).
+        "-c",
+        "safe.directory=*",
         "-c",
         "user.name=harnessrl",
         "-c",
@@ -98,14 +102,22 @@ async def _reset_hard(repo: Path) -> None:
     await git(repo, "clean", "-fdxq")
 
 
-async def apply_patch(repo: Path, patch_file: Path) -> tuple[str | None, list[str]]:
-    """Try each strategy on a clean tree; the winning strategy's name (or None) and the errors."""
+async def apply_patch(
+    repo: Path, patch_file: Path, confined: Sequence[str] = (), env: dict[str, str] | None = None
+) -> tuple[str | None, list[str]]:
+    """Try each strategy on a clean tree; the winning strategy's name (or None) and the errors.
+
+    Each strategy runs behind `confined` (no network, the grading's user: the model's patch is
+    hostile input to `git apply` and `patch`), in `env`.
+    """
     errors: list[str] = []
     for name, command in APPLY_STRATEGIES:
         process = await asyncio.create_subprocess_exec(
+            *confined,
             *command,
             str(patch_file),
             cwd=repo,
+            env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
