@@ -521,11 +521,12 @@ for _ in range(60):
         if path == _mine:
             continue
         try:
-            with open(os.path.join(path, "repo", "calc", "__init__.py"), "a") as out:
-                out.write("raise SystemExit(0)\\n")
-            _found.append(path)
+            out = open(os.path.join(path, "repo", "calc", "__init__.py"), "a")
         except OSError:
-            pass
+            continue  # not this grading's to open: the isolation held
+        with out:
+            out.write("raise SystemExit(0)\\n")
+        _found.append(path)
     time.sleep(0.05)
 with open("PROBE", "w") as out:
     out.write(repr(sorted(set(_found))))

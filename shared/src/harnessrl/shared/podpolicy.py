@@ -15,6 +15,15 @@ EPISODE_UID = 65532  # the distroless "nonroot" user: harness images run as it
 GRADING_UID = 65534  # "nobody": the grading pod needs no identity at all
 
 
+def git_safe_directory(path: str) -> dict[str, str]:
+    """Environment that lets git work in `path`, a repository its folder's owner does not own.
+
+    A copy the pod's user made in a root-owned emptyDir is such a repository: git refuses it as
+    dubiously owned unless protected configuration, as these variables are, names it safe.
+    """
+    return {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": path}
+
+
 def container_security(uid: int | None = None) -> dict[str, Any]:
     """A container's `securityContext` (with `runAsUser`/`runAsGroup` when `uid` is given)."""
     context: dict[str, Any] = {

@@ -21,7 +21,7 @@ from typing import Any
 from harnessrl.controller.launchers.base import LaunchError, LaunchRequest
 from harnessrl.controller.launchers.policy import check_image, check_job_template
 from harnessrl.shared.contracts import LauncherSpec
-from harnessrl.shared.podpolicy import EPISODE_UID, harden_pod
+from harnessrl.shared.podpolicy import EPISODE_UID, git_safe_directory, harden_pod
 
 MANAGED_BY = "harnessrl-controller"
 RUN_LABEL = "harnessrl.io/run"
@@ -29,14 +29,8 @@ EPISODE_LABEL = "harnessrl.io/episode"
 ROLE_LABEL = "harnessrl.io/role"
 CONTAINER = "harness"
 WORKSPACE = "/workspace"
-# The workspace folder is root's and the repository in it the episode user's: git refuses such a
-# repository as dubiously owned unless it is named safe, which only protected configuration (here
-# the command-line configuration the environment carries) may do.
-GIT_SAFE_WORKSPACE = {
-    "GIT_CONFIG_COUNT": "1",
-    "GIT_CONFIG_KEY_0": "safe.directory",
-    "GIT_CONFIG_VALUE_0": WORKSPACE,
-}
+# The workspace folder is root's and the repository in it the episode user's.
+GIT_SAFE_WORKSPACE = git_safe_directory(WORKSPACE)
 # The workspace init container: the image's repository copied in ($1 to $2) and left at the base
 # commit ($3) and nothing else, as the local launcher leaves it: other refs, the reflog and every
 # object they alone reached go, so the harness never sees a later commit (which could be the fix).

@@ -20,9 +20,8 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.reward.swe.testlog import PASSED, XFAIL
-
-_PASSING = frozenset({PASSED, XFAIL})
+from harnessrl.reward.swe.rules import PASSING
+from harnessrl.reward.swe.testlog import PASSED
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,7 +59,7 @@ def forged(
     """Why the report is forged (empty when nothing says so)."""
     reasons = []
     fail = canaries.get("fail")
-    if fail is not None and (junit.get(fail) in _PASSING or log.get(fail) in _PASSING):
+    if fail is not None and (junit.get(fail) in PASSING or log.get(fail) in PASSING):
         reasons.append(f"the canary test {fail}, which must fail, was reported passing")
     if verdict.flipped:
         reasons.append(f"tests that raised were reported passing: {verdict.flipped[:5]}")

@@ -25,7 +25,7 @@ from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.patchfile import InvalidPatchError, Patch, parse_patch
 from harnessrl.reward.swe.pipeline import resolve_output
 from harnessrl.reward.swe.workspace import CONFIG_NAMES, TEST_DIRS
-from harnessrl.shared.podpolicy import GRADING_UID, harden_pod
+from harnessrl.shared.podpolicy import GRADING_UID, git_safe_directory, harden_pod
 
 GRADING_LABEL = "harnessrl.io/component"
 _NAME = re.compile(r"[^a-z0-9-]+")
@@ -106,13 +106,10 @@ def _containers(instance: SweInstance, cpu: str, memory: str) -> dict[str, list[
         "command": ["python3", "-I", "/grading/runner.py"],
         "env": [
             {"name": "REPO_DIR", "value": instance.repo_dir},
-            # The copy is the grading user's, the folder it is mounted on root's: git refuses such a
-            # repository as dubiously owned unless protected configuration names it safe.
-            {"name": "GIT_CONFIG_COUNT", "value": "1"},
-            {"name": "GIT_CONFIG_KEY_0", "value": "safe.directory"},
-            {"name": "GIT_CONFIG_VALUE_0", "value": instance.repo_dir},
             {"name": "GRADING_DIR", "value": "/grading"},
             {"name": "REPORT_DIR", "value": "/tmp"},  # noqa: S108 - the pod's own emptyDir
+            # The copy is the grading user's, the folder it is mounted on root's.
+            *({"name": k, "value": v} for k, v in git_safe_directory(instance.repo_dir).items()),
         ],
         "resources": resources,
         "volumeMounts": [

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harnessrl.reward.graders.base import Grade, GradingContext, Outcome
 from harnessrl.reward.swe import forgery
@@ -28,7 +28,6 @@ from harnessrl.reward.swe.sandbox import (
     confinement,
     give_to,
     grading_uid,
-    privilege_drop_available,
     run_sandboxed,
 )
 from harnessrl.reward.swe.testlog import ReportError, parse_junit, parse_pytest_log
@@ -84,8 +83,7 @@ async def _grade_in(
     base = await clone_pristine(pristine, instance.base_commit, repo)
     (root / "model.diff").write_text(patch.text)
     (root / "home").mkdir()
-    if context.limits.drop_privileges and privilege_drop_available(context.python):
-        give_to(root, uid)
+    _hand_over(root, context, uid)
     strategy, errors = await apply_patch(
         repo, root / "model.diff", confinement(context.limits, uid), base_environment(root / "home")
     )
@@ -101,7 +99,7 @@ async def _grade_in(
     await apply_test_patch(repo, root / "test.diff")
     shutil.rmtree(repo / ".git")
     files = instance.test_files(test_patch.paths)
-    canaries = add_canaries(repo, files[-1]) if files else {}
+    canaries = add_canaries(repo, files)
     apply_s = time.monotonic() - started
     run, junit, log, verdict = await _run_tests(root, repo, files, context, uid)
     details: dict[str, Any] = {
@@ -145,8 +143,7 @@ async def _run_tests(
 ) -> tuple[RunResult, dict[str, str] | None, str, forgery.Verdict | None]:
     report_dir, home = root / "report", root / "home"
     report_dir.mkdir()
-    if context.limits.drop_privileges and privilege_drop_available(context.python):
-        give_to(root, uid)
+    _hand_over(root, context, uid)  # again: the reset, the test patch and the canaries were the grader's
     runner = _place_runner(root)
     report, verdict = report_dir / "junit.xml", report_dir / "verdict.json"
     log_path = root / "pytest.log"
@@ -167,6 +164,12 @@ async def _run_tests(
     return run, junit, log, forgery.read_verdict(raw_verdict)
 
 
+def _hand_over(root: Path, context: GradingContext, uid: int) -> None:
+    """The workspace to the grading's user, when gradings drop privileges (`check_sandbox` ran)."""
+    if context.limits.drop_privileges:
+        give_to(root, uid)
+
+
 def _place_runner(root: Path) -> Path:
     """The integrity runner, in a folder of the grader's that the sandboxed user cannot change."""
     folder = root / "grader"
@@ -177,11 +180,11 @@ def _place_runner(root: Path) -> Path:
     return runner
 
 
-class Integrity:
-    """What the grader planted and saw: the canaries' node ids and the integrity verdict."""
+class Integrity(NamedTuple):
+    """What the grader planted and saw: the integrity verdict and the canaries' node ids."""
 
-    def __init__(self, verdict: forgery.Verdict | None, canaries: dict[str, str]) -> None:
-        self.verdict, self.canaries = verdict, canaries
+    verdict: forgery.Verdict | None
+    canaries: dict[str, str]
 
 
 def _resolve(

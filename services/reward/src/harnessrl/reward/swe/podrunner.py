@@ -61,13 +61,15 @@ def apply_model_patch(patch: str) -> str | None:
     return None
 
 
-def add_canaries(repo: Path, test_file: str) -> dict[str, str]:
-    """Append two canary tests to `test_file` (the last one run): `fail` must fail, `pass` must pass.
+def add_canaries(repo: Path, test_files: list[str]) -> dict[str, str]:
+    """Append two canary tests to the last of `test_files`: `fail` must fail, `pass` must pass.
 
-    Their node ids, by role. A report that says the failing one passed was forged. They go last so
-    that a repository's `-x` (stop at the first failure) never skips a real test because of them.
+    Their node ids, by role (none without a test file). A report that says the failing one passed
+    was forged. They go last so that a repository's `-x` (stop at the first failure) never skips a
+    real test because of them.
     """
-    if not (repo / test_file).is_file():
+    test_file = test_files[-1] if test_files else ""
+    if not test_file or not (repo / test_file).is_file():
         return {}
     pick = secrets.SystemRandom()
     first, second = pick.sample(CANARY_WORDS, 2), pick.sample(CANARY_WORDS, 2)
@@ -154,7 +156,7 @@ def main() -> int:
     # a stash or a reflog entry could carry the reference fix or the hidden tests).
     shutil.rmtree(".git")
     files = spec["test_files"]
-    canaries = add_canaries(Path(), files[-1]) if files else {}
+    canaries = add_canaries(Path(), files)
     reports = Path(os.environ.get("REPORT_DIR", "/tmp"))  # noqa: S108 - pod-private
     report, verdict = reports / "junit.xml", reports / "verdict.json"
     command = pytest_command(sys.executable, grading / "integrity.py", verdict, report, files)

@@ -16,7 +16,7 @@ from harnessrl.reward.settings import GradingRules
 from harnessrl.reward.swe.testlog import ERROR, FAILED, PASSED, SKIPPED, XFAIL
 
 Resolution = Literal["RESOLVED_FULL", "RESOLVED_PARTIAL", "RESOLVED_NO"]
-_PASSING = frozenset({PASSED, XFAIL})
+PASSING = frozenset({PASSED, XFAIL})  # statuses a test counts as passing with
 _FAILING = frozenset({FAILED, ERROR})
 
 
@@ -43,7 +43,7 @@ def resolve_case(case: str, statuses: dict[str, str]) -> str | None:
         return case
     if case.count("[") > case.count("]"):
         matches = [key for key in statuses if key.startswith(case)]
-        if matches and len({statuses[key] in _PASSING for key in matches}) == 1:
+        if matches and len({statuses[key] in PASSING for key in matches}) == 1:
             return matches[0]
     return None
 
@@ -109,7 +109,7 @@ def exit_code_agrees(exit_code: int, statuses: dict[str, str]) -> bool:
 
 
 def _outcome_class(status: str) -> str:
-    return "pass" if status in _PASSING else "fail" if status in _FAILING else status
+    return "pass" if status in PASSING else "fail" if status in _FAILING else status
 
 
 def log_agrees(junit: dict[str, str], log: dict[str, str], cases: list[str]) -> bool:
@@ -118,6 +118,6 @@ def log_agrees(junit: dict[str, str], log: dict[str, str], cases: list[str]) -> 
         if case in junit and case in log:
             if _outcome_class(junit[case]) != _outcome_class(log[case]):
                 return False
-        elif case in log and log[case] in _PASSING:
+        elif case in log and log[case] in PASSING:
             return False
     return True

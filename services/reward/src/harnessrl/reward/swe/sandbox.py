@@ -159,7 +159,11 @@ async def kill_user(uid: int, python: str) -> None:
     """SIGKILL every process of `uid` (kill(-1) as that user: a fork racing it is caught too)."""
     if uid not in GRADING_UIDS:
         raise ValueError(f"uid {uid} is not a grading uid: killing all its processes could hit others")
-    code = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass"
+    # ProcessLookupError: nothing of the uid was left to kill.
+    code = (
+        "import contextlib, os, signal\n"
+        "with contextlib.suppress(ProcessLookupError):\n    os.kill(-1, signal.SIGKILL)"
+    )
     quiet = asyncio.subprocess.DEVNULL
     killer = await asyncio.create_subprocess_exec(
         *_setpriv_prefix(uid), python, "-I", "-c", code, stdin=quiet, stdout=quiet, stderr=quiet
