@@ -84,5 +84,5 @@ images: dev
 	@bash scripts/images.sh
 
 cluster-check: images
-	$(PY) -m pytest -m images tests/test_images.py
+	$(PY) -m pytest -m images tests/test_images.py tests/test_container_grading.py
 	$(PY) -m harnessrl.benchmarks cluster_check

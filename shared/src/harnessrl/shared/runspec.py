@@ -1,8 +1,9 @@
 """Run specs: read a TOML or YAML file into a validated `RunSpec`, with errors that name the field.
 
 Relative paths mean the spec's folder, never the episode's working folder: `load_run_spec` makes
-`tasks` and a local launcher's program, script and file arguments absolute (see `resolve_command`),
-and `check_local_launcher` is what the controller asks at submit, on the machine that launches.
+`tasks` (a file, or a dataset folder) and a local launcher's program, script and file arguments
+absolute (see `resolve_command`), and `check_local_launcher` is what the controller asks at submit,
+on the machine that launches.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from harnessrl.shared.contracts import LauncherSpec, RunSpec
+from harnessrl.shared.contracts import DatasetSpec, LauncherSpec, RunSpec
 
 # A run name becomes a subject token, a KV key part and a Kubernetes label value.
 _RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -48,8 +49,8 @@ def load_run_spec(path: Path | str) -> RunSpec:
     tasks = Path(spec.tasks)
     if not tasks.is_absolute():
         tasks = (file.parent / tasks).resolve()
-    if not tasks.is_file():
-        raise RunSpecError(f"{file}: tasks file {tasks} does not exist")
+    if not tasks.exists():
+        raise RunSpecError(f"{file}: tasks file or folder {tasks} does not exist")
     launcher = spec.launcher
     if launcher.kind == "local":
         command = resolve_command(launcher.command, file.parent, source=str(file))
@@ -190,6 +191,8 @@ def parse_run_spec(data: Any, *, source: str = "run spec") -> RunSpec:
     _reject_unknown(body, RunSpec, source, "")
     if isinstance(body.get("launcher"), dict):
         _reject_unknown(body["launcher"], LauncherSpec, source, "launcher.")
+    if isinstance(body.get("dataset"), dict):
+        _reject_unknown(body["dataset"], DatasetSpec, source, "dataset.")
     _reject_wide_ints(body, source)
     try:
         spec = msgspec.convert(body, RunSpec, strict=False)

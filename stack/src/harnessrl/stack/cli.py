@@ -28,7 +28,7 @@ from harnessrl.shared.log import configure_logging
 from harnessrl.shared.nats_permissions import redacted
 from harnessrl.shared.net import DEFAULT_NATS_URL
 from harnessrl.shared.runspec import RunSpecError, load_run_spec
-from harnessrl.stack import otlp, replay, tail
+from harnessrl.stack import otlp, replay, tail, tasks_check
 from harnessrl.stack.dashboard import command as dashboard
 from harnessrl.stack.follow import RunProgress
 from harnessrl.stack.local import LocalStack, StackPorts
@@ -343,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.register(sub)
     for ep in sorted(entry_points(group="harnessrl.commands"), key=lambda e: e.name):
         ep.load()(sub)
+    tasks_check.register(sub)  # after the services: `tasks check` joins the reward's `tasks` group
     return parser
 
 

@@ -55,6 +55,7 @@ from harnessrl.testkit.cluster import CLUSTER_NET, NAMESPACE, LocalCluster, free
 from harnessrl.testkit.controller_client import ask, completed
 from harnessrl.testkit.fake_kube import FakeKubeServer
 from harnessrl.testkit.images import IMAGE_BY_NAME, PODMAN_FLAGS, podman
+from harnessrl.testkit.swe_eval import official_row
 
 RUN = "demo"  # the chart's local-cpu `trainer.run`
 EPISODE_NAMESPACE = f"{NAMESPACE}-episodes"
@@ -226,7 +227,9 @@ class TrainingRun:
         )
         ref = f"{IMAGE_BY_NAME['task'].ref.rsplit(':', 1)[0]}:{spec.name.replace('_', '-')}"
         podman("build", *PODMAN_FLAGS, "--network", "none", "--quiet", "-t", ref, str(context))
-        instance = {k: v for k, v in row.items() if k != "repo_path"} | {"image": ref, "workdir": "/testbed"}
+        # Graded the official way: the row's own eval script in the task image (`reward.swe.evalpod`).
+        pristine = {k: v for k, v in row.items() if k != "repo_path"} | {"image": ref, "workdir": "/testbed"}
+        instance = official_row(pristine, "python3")
         self.swe_task_id = row["instance_id"]
         return TaskSpec(
             task_id=row["instance_id"], kind="swe", prompt=row["problem_statement"], grader="swebench",
@@ -329,7 +332,7 @@ class TrainingRun:
         seen["gateway_calls"] = _gateway_calls(local)
         seen["gateway_spread"] = _gateway_spread(local)
         if not seen.get("patches_graded"):
-            failures.append("no SWE patch was graded in a grading Job")
+            failures.append("no SWE patch was graded officially (its eval script in a grading Job)")
         if sum(1 for calls in seen["gateway_calls"].values() if calls > 0) < 2:
             failures.append(
                 f"episodes did not go through two gateway replicas: {seen['gateway_calls']}; "
@@ -429,6 +432,8 @@ async def _spans_missing(bus: NatsBus) -> int:
 async def _swe_outcomes(bus: NatsBus, task: str) -> dict[str, int]:
     """How the SWE task's episodes ended: `graded-in-job`, else each grade outcome or failure.
 
+    `graded-in-job` means graded by the official path: the row's eval script run in the task image.
+
     An episode not graded or failed yet counts as `pending after <the last event it had>`.
     """
     ended: dict[str, str] = {}
@@ -439,7 +444,8 @@ async def _swe_outcomes(bus: NatsBus, task: str) -> dict[str, int]:
             continue
         latest[event.episode] = type(event).__name__
         if isinstance(event, EpisodeScored):
-            in_job = event.outcome == "graded" and event.details.get("sandbox") == "kubernetes"
+            official = event.details.get("grading") == "official"
+            in_job = event.outcome == "graded" and event.details.get("sandbox") == "kubernetes" and official
             reason = f"{event.outcome}: {event.details.get('reason', '')}"[:160]
             ended[event.episode] = "graded-in-job" if in_job else reason
         elif isinstance(event, EpisodeFailed):

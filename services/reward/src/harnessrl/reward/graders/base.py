@@ -57,7 +57,8 @@ class GradingContext(msgspec.Struct, frozen=True, kw_only=True):
     work_root: str | None = None
     # "kubernetes" grades SWE tasks in a Job from `instance["image"]`, through `kube_api_url`
     # (empty: in-cluster credentials).
-    sandbox: Literal["local", "kubernetes"] = "local"
+    sandbox: Literal["local", "container", "kubernetes"] = "local"
+    container_engine: str = "podman"
     namespace: str = "default"
     kube_api_url: str = ""
 

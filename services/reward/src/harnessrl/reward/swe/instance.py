@@ -27,6 +27,17 @@ class SweInstance(msgspec.Struct, frozen=True, kw_only=True):
     repo_path: str | None = None
     image: str | None = None
     repo_dir: str = "/testbed"
+    # SWE-bench 5.x rows grade by their own eval script (run in the instance image), read by the
+    # swebench log parser they name (else their repository's) under their eval type.
+    version: str = ""
+    eval_script: str = ""
+    log_parser: str = ""
+    eval_type: str = ""
+
+    @property
+    def official(self) -> bool:
+        """Graded by the row's own eval script and swebench's parser (else by our pytest run)."""
+        return bool(self.eval_script)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> SweInstance:
@@ -43,6 +54,10 @@ class SweInstance(msgspec.Struct, frozen=True, kw_only=True):
                 repo_path=row.get("repo_path"),
                 image=row.get("image"),
                 repo_dir=str(row.get("repo_dir", "/testbed")),
+                version=str(row.get("version") or ""),
+                eval_script=str(row.get("eval_script") or ""),
+                log_parser=str(row.get("log_parser") or ""),
+                eval_type=str(row.get("eval_type") or ""),
             )
         except KeyError as exc:
             raise InstanceError(f"instance is missing {exc.args[0]!r}") from exc

@@ -15,12 +15,12 @@ import base64
 import json
 import re
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from harnessrl.reward.graders.base import Grade, GradingContext
-from harnessrl.reward.swe import podrunner
+from harnessrl.reward.swe import evalpod, podrunner
 from harnessrl.reward.swe.instance import SweInstance
 from harnessrl.reward.swe.patchfile import InvalidPatchError, Patch, parse_patch
 from harnessrl.reward.swe.pipeline import resolve_output
@@ -63,19 +63,25 @@ def config_map(
     name: str, namespace: str, instance: SweInstance, patch: Patch, test_patch: Patch
 ) -> dict[str, Any]:
     """The ConfigMap holding the runner, both patches and the spec."""
-    package = resources.files(podrunner.__package__ or "")
-    runner = package.joinpath("podrunner.py").read_text()
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": name, "namespace": namespace, "labels": {GRADING_LABEL: "reward-grading"}},
-        "data": {
-            "runner.py": runner,
-            "integrity.py": package.joinpath("integrity.py").read_text(),
-            "model.diff": patch.text,
-            "test.diff": test_patch.text,
-            "spec.json": json.dumps(grading_spec(instance, test_patch)),
-        },
+        "data": _files(instance, patch, test_patch),
+    }
+
+
+def _files(instance: SweInstance, patch: Patch, test_patch: Patch) -> dict[str, str]:
+    """What the grading container finds in /grading: the official runner's, or the pytest runner's."""
+    if instance.official:
+        return evalpod.grading_files(instance, patch, test_patch)
+    package = resources.files(podrunner.__package__ or "")
+    return {
+        "runner.py": package.joinpath("podrunner.py").read_text(),
+        "integrity.py": package.joinpath("integrity.py").read_text(),
+        "model.diff": patch.text,
+        "test.diff": test_patch.text,
+        "spec.json": json.dumps(grading_spec(instance, test_patch)),
     }
 
 
@@ -103,11 +109,15 @@ def _containers(instance: SweInstance, cpu: str, memory: str) -> dict[str, list[
     grade = {
         "name": "grade",
         "image": instance.image,
-        "command": ["python3", "-I", "/grading/runner.py"],
+        # The official runner is bash (a Multilingual image need not have Python).
+        "command": ["bash", "/grading/runner.sh"]
+        if instance.official
+        else ["python3", "-I", "/grading/runner.py"],
         "env": [
             {"name": "REPO_DIR", "value": instance.repo_dir},
             {"name": "GRADING_DIR", "value": "/grading"},
             {"name": "REPORT_DIR", "value": "/tmp"},  # noqa: S108 - the pod's own emptyDir
+            {"name": "HOME", "value": "/tmp"},  # noqa: S108 - eval scripts' tools may write there
             # The copy is the grading user's, the folder it is mounted on root's.
             *({"name": k, "value": v} for k, v in git_safe_directory(instance.repo_dir).items()),
         ],
@@ -178,8 +188,21 @@ def parse_pod_output(log: str) -> PodOutput:
     )
 
 
+class JobRunner(Protocol):
+    """Runs a grading Job's pod and returns its log: in a cluster, or on this machine's engine."""
+
+    sandbox: str
+    namespace: str
+
+    async def run(self, name: str, objects: list[dict[str, Any]], timeout_s: float) -> str:
+        """Create `objects` (the ConfigMap, then the Job), wait for the pod, return its log."""
+        ...
+
+
 class KubernetesGrader:
     """Submits the ConfigMap and Job with the official client, waits, reads the pod log."""
+
+    sandbox = "kubernetes"
 
     def __init__(self, namespace: str, api_client: Any) -> None:
         self.namespace = namespace
@@ -235,10 +258,10 @@ async def grade_with_job(
     instance: SweInstance,
     artifact: bytes,
     context: GradingContext,
-    runner: KubernetesGrader,
+    runner: JobRunner,
     episode: str,
 ) -> Grade:
-    """Grade `artifact` in a Kubernetes Job; the same checks and rules as the local sandbox."""
+    """Grade `artifact` in a grading Job's pod; the same checks and rules as the local sandbox."""
     try:
         patch = parse_patch(artifact, limit=context.max_artifact_bytes)
     except InvalidPatchError as exc:
@@ -253,5 +276,7 @@ async def grade_with_job(
         config_map(name, runner.namespace, instance, patch, test_patch),
         grading_job(name, runner.namespace, instance, timeout_s=context.limits.timeout_s),
     ]
-    output = parse_pod_output(await runner.run(name, objects, context.limits.timeout_s + 60))
-    return resolve_output(instance, output, context)
+    log = await runner.run(name, objects, context.limits.timeout_s + 60)
+    if instance.official:
+        return evalpod.grade_output(instance, log, context.rules, runner.sandbox)
+    return resolve_output(instance, parse_pod_output(log), context, runner.sandbox)

@@ -239,9 +239,11 @@ def _distrust(
     return "", "graded"
 
 
-def resolve_output(instance: SweInstance, output: Any, context: GradingContext) -> Grade:
-    """Grade a Kubernetes grading pod's output (see `swe.kube.parse_pod_output`)."""
-    details: dict[str, Any] = {"patch_strategy": output.strategy, "sandbox": "kubernetes", "durations": {}}
+def resolve_output(
+    instance: SweInstance, output: Any, context: GradingContext, sandbox: str = "kubernetes"
+) -> Grade:
+    """Grade a grading pod's output (see `swe.kube.parse_pod_output`); `sandbox` ran the pod."""
+    details: dict[str, Any] = {"patch_strategy": output.strategy, "sandbox": sandbox, "durations": {}}
     if output.result == "patch-failed":
         return _fail("patch-failed", "no strategy applied the patch", **details)
     if output.exit_code is None:

@@ -1,40 +1,21 @@
-"""SWE-bench 5.x resolution rules over a map of test statuses.
+"""Resolution over a map of test statuses: swebench's report, with our defaults and checks.
 
-A FAIL_TO_PASS test succeeds when PASSED (or XFAIL, only if `xfail_passes_f2p`); it fails when
-FAILED, ERROR, SKIPPED or missing. A PASS_TO_PASS test is maintained when PASSED, XFAIL or SKIPPED.
-The instance is resolved only when every FAIL_TO_PASS and PASS_TO_PASS test succeeds; a rate with
-no tests counts as 1, as in SWE-bench. Truncated parametrised ids match by prefix when unambiguous.
+The report is swebench's (`official.tests_report`): a FAIL_TO_PASS test succeeds when PASSED or
+XFAIL and fails when FAILED, ERROR, SKIPPED or missing; a PASS_TO_PASS test is maintained when
+PASSED, XFAIL or SKIPPED; resolved only when both lists succeed; a rate with no tests counts as
+1; truncated parametrised ids match by prefix when unambiguous. Ours on top: an XFAIL
+FAIL_TO_PASS test fails by default (`xfail_passes_f2p`), partial credit, and the consistency
+checks between the exit code, the JUnit report and the `-rA` log.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
-import msgspec
-
 from harnessrl.reward.settings import GradingRules
-from harnessrl.reward.swe.testlog import ERROR, FAILED, PASSED, SKIPPED, XFAIL
+from harnessrl.reward.swe.official import TestsReport, tests_report
+from harnessrl.reward.swe.testlog import ERROR, FAILED, PASSED, XFAIL
 
-Resolution = Literal["RESOLVED_FULL", "RESOLVED_PARTIAL", "RESOLVED_NO"]
 PASSING = frozenset({PASSED, XFAIL})  # statuses a test counts as passing with
 _FAILING = frozenset({FAILED, ERROR})
-
-
-class TestsReport(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-list successes and failures, rates, and the resolution verdict."""
-
-    f2p_success: list[str]
-    f2p_failure: list[str]
-    p2p_success: list[str]
-    p2p_failure: list[str]
-    f2p_rate: float
-    p2p_rate: float
-    resolution: Resolution
-
-    @property
-    def resolved(self) -> bool:
-        """Every FAIL_TO_PASS and PASS_TO_PASS test succeeded."""
-        return self.resolution == "RESOLVED_FULL"
 
 
 def resolve_case(case: str, statuses: dict[str, str]) -> str | None:
@@ -48,50 +29,24 @@ def resolve_case(case: str, statuses: dict[str, str]) -> str | None:
     return None
 
 
-def _f2p_passes(case: str, statuses: dict[str, str], rules: GradingRules) -> bool:
-    key = resolve_case(case, statuses)
-    if key is None:
-        return False
-    return statuses[key] == PASSED or (statuses[key] == XFAIL and rules.xfail_passes_f2p)
-
-
-def _p2p_passes(case: str, statuses: dict[str, str]) -> bool:
-    key = resolve_case(case, statuses)
-    return key is not None and statuses[key] in (PASSED, XFAIL, SKIPPED)
-
-
-def _rate(success: list[str], failure: list[str]) -> float:
-    total = len(success) + len(failure)
-    return 1.0 if total == 0 else len(success) / total
-
-
 def evaluate(
     statuses: dict[str, str],
     fail_to_pass: list[str],
     pass_to_pass: list[str],
     rules: GradingRules | None = None,
 ) -> TestsReport:
-    """Grade `statuses` against the instance's FAIL_TO_PASS and PASS_TO_PASS lists."""
+    """Grade `statuses` against the instance's lists: swebench's report (pass-and-fail).
+
+    Except that an XFAIL FAIL_TO_PASS test fails unless `xfail_passes_f2p`: a test still failing
+    as expected did not go from failing to passing.
+    """
     rules = rules or GradingRules()
-    f2p_ok = [case for case in fail_to_pass if _f2p_passes(case, statuses, rules)]
-    f2p_bad = [case for case in fail_to_pass if case not in f2p_ok]
-    p2p_ok = [case for case in pass_to_pass if _p2p_passes(case, statuses)]
-    p2p_bad = [case for case in pass_to_pass if case not in p2p_ok]
-    f2p_rate, p2p_rate = _rate(f2p_ok, f2p_bad), _rate(p2p_ok, p2p_bad)
-    resolution: Resolution = "RESOLVED_NO"
-    if f2p_rate == 1 and p2p_rate == 1:
-        resolution = "RESOLVED_FULL"
-    elif 0 < f2p_rate < 1 and p2p_rate == 1:
-        resolution = "RESOLVED_PARTIAL"
-    return TestsReport(
-        f2p_success=f2p_ok,
-        f2p_failure=f2p_bad,
-        p2p_success=p2p_ok,
-        p2p_failure=p2p_bad,
-        f2p_rate=f2p_rate,
-        p2p_rate=p2p_rate,
-        resolution=resolution,
-    )
+    if not rules.xfail_passes_f2p:
+        strict = {resolve_case(case, statuses) for case in fail_to_pass}
+        statuses = {
+            key: FAILED if key in strict and status == XFAIL else status for key, status in statuses.items()
+        }
+    return tests_report(statuses, fail_to_pass, pass_to_pass, "pass_and_fail")
 
 
 def reward_of(report: TestsReport, rules: GradingRules | None = None) -> float:

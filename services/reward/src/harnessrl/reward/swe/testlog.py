@@ -1,26 +1,26 @@
 """Test statuses from a pytest run: the JUnit XML we trust, and the `-rA` log SWE-bench parses.
 
 Statuses use SWE-bench's vocabulary: PASSED, FAILED, SKIPPED, ERROR, XFAIL. The JUnit report is
-the source of truth in our sandbox (printed lines cannot forge it); the log parser reproduces
-`swebench.harness.log_parsers.python.parse_log_pytest` for parity and for logs from elsewhere.
+the source of truth in our sandbox (printed lines cannot forge it); the `-rA` log is read by
+swebench's `parse_log_pytest`, to cross-check the report.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
+from typing import Any
 from xml.etree import ElementTree as ET
 
 from harnessrl.reward.errors import RewardError
+from harnessrl.reward.swe import official
 
 PASSED = "PASSED"
 FAILED = "FAILED"
 SKIPPED = "SKIPPED"
 ERROR = "ERROR"
 XFAIL = "XFAIL"
-STATUSES = (FAILED, PASSED, SKIPPED, ERROR, XFAIL)
 # When one test id is reported twice (setup error after a pass, a forged duplicate), the worst wins.
 _SEVERITY = {PASSED: 0, XFAIL: 1, SKIPPED: 2, FAILED: 3, ERROR: 4}
-_SKIP_SUMMARY_COUNT = re.compile(r"^\[\d+\]$")
 MAX_REPORT_BYTES = 16 * 1024 * 1024
 
 
@@ -35,21 +35,9 @@ def _worse(old: str | None, new: str) -> str:
 
 
 def parse_pytest_log(log: str) -> dict[str, str]:
-    """Statuses from pytest `-rA` summary lines, exactly as SWE-bench 5.x reads them."""
-    statuses: dict[str, str] = {}
-    for raw in log.split("\n"):
-        line = raw
-        if not any(line.startswith(status) for status in STATUSES):
-            continue
-        if line.startswith(FAILED):
-            line = line.replace(" - ", " ")
-        parts = line.split()
-        if len(parts) <= 1:
-            continue
-        if parts[0] == SKIPPED and _SKIP_SUMMARY_COUNT.match(parts[1]):
-            continue
-        statuses[parts[1]] = parts[0]
-    return statuses
+    """Statuses from pytest `-rA` summary lines: swebench's own `parse_log_pytest`."""
+    parse: Callable[[str, Any], dict[str, str]] = official.swebench().registry["parse_log_pytest"]
+    return parse(log, None)
 
 
 def _node_id(case: ET.Element) -> str | None:
