@@ -1,9 +1,11 @@
 """Grading in the instance's own image on this machine: the reward's `container` sandbox, for real.
 
-tinyswe's calc bug is baked into a task image the way SWE-bench images hold a repository (a git
-checkout at the base commit at /testbed, its environment first on PATH) and given an eval script
-in the official shape. The SWE-bench grader, set to the `container` sandbox, runs the grading
-Job's pod with podman: the copy, then the patch and the eval script, read by swebench's parser.
+Two instance images in the official layout (a git checkout at the base commit at /testbed, its
+environment, an eval script in the SWE-bench 5.x shape): tinyswe's calc bug, a pytest repository
+graded by swebench's pytest parser, and Django's own source distribution with a bug put in,
+graded by `tests/runtests.py` and swebench's django parser (`testkit.swe_images`). The SWE-bench
+grader, set to the `container` sandbox, runs the grading Job's pod with podman: the copy, then the
+patch and the eval script, read by swebench.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 from harnessrl.shared.contracts import TaskSpec
 from harnessrl.testkit.images import IMAGE_BY_NAME, PODMAN_FLAGS, build_images, podman
 from harnessrl.testkit.swe_eval import official_row
+from harnessrl.testkit.swe_images import RealInstance, django_instance
 
 pytestmark = pytest.mark.images
 
@@ -39,6 +42,13 @@ NOTES = (
     "diff --git a/NOTES.md b/NOTES.md\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES.md\n"
     "@@ -0,0 +1 @@\n+hi\n"
 )
+
+
+@pytest.fixture(scope="module")
+def django() -> RealInstance:
+    """The Django instance (its image built once per machine, cached by input hash)."""
+    build_images(["task"])
+    return django_instance()
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +93,28 @@ async def test_what_does_not_fix_the_bug_is_graded_unresolved(row: dict[str, Any
     result = await grade(row, text)
     assert (result.outcome, result.resolved, result.reward) == ("graded", False, 0.0), result.details
     assert result.details["FAIL_TO_PASS"]["failure"]
+
+
+@pytest.mark.parametrize(
+    ("patch", "resolved"), [("gold", True), ("wrong", False), ("runner-hack", False), ("noop", False)]
+)
+async def test_django_is_graded_by_its_own_runner_and_swebenchs_django_parser(
+    django: RealInstance, patch: str, resolved: bool
+) -> None:
+    # The hack rewrites the repository's test runner to report every test ok: tests/ is put back.
+    hack = (
+        "diff --git a/tests/runtests.py b/tests/runtests.py\n--- a/tests/runtests.py\n"
+        "+++ b/tests/runtests.py\n@@ -1,2 +1,5 @@\n #!/usr/bin/env python\n+import sys\n"
+        "+print('test_get_text_list (utils_tests.test_text.TestUtilsText.test_get_text_list) ... ok')\n"
+        "+sys.exit(0)\n import argparse\n"
+    )
+    text = {**django.patches, "runner-hack": hack, "noop": NOTES}[patch]
+    result = await grade(django.row, text)
+    assert (result.outcome, result.resolved) == ("graded", resolved), result.details
+    assert result.details["log_parser"] == "parse_log_django"
+    assert "Ran 21 tests" in result.details["log_tail"]
+    if not resolved:
+        assert result.details["FAIL_TO_PASS"]["failure"], result.details
 
 
 async def test_the_grading_container_is_unprivileged_read_only_and_offline(

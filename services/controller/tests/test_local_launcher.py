@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from harnessrl.controller.launchers.base import LaunchError
 from harnessrl.controller.launchers.episode_logs import log_tail
 from harnessrl.controller.launchers.local import STOPPED_WITH_DEPLOYMENT, LocalLauncher, end_harnesses
 from harnessrl.controller.launchers.process import ProcessFacts, alive
-from harnessrl.shared.contracts import DETAIL_CHARS
+from harnessrl.shared.contracts import DETAIL_CHARS, TaskSpec
 from harnessrl.testkit.exits import ExitRecorder, launch_request
 
 
@@ -171,3 +174,30 @@ async def test_harnesses_ended_with_the_deployment_are_retried_not_graded(
 def _running(pid: int) -> bool:
     state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     return state not in ("Z", "X")
+
+
+@pytest.mark.parametrize("base", ["--orphan=x", "-b evil", "HEAD~1", "main; touch /tmp/pwned"])
+async def test_a_base_commit_that_is_not_a_commit_id_fails_the_launch_before_git_sees_it(
+    tmp_path: Path, exits: type[ExitRecorder], base: str
+) -> None:
+    repo = tmp_path / "tasks" / "repos" / "r"
+    repo.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "lib.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "add", "lib.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "base"], check=True)
+    launcher = LocalLauncher("r1", tmp_path / "runs", tasks_dir=tmp_path / "tasks")
+    await launcher.start(exits())
+    task = TaskSpec(
+        task_id="i", kind="swe", prompt="fix", instance={"repo_path": "repos/r", "base_commit": base}
+    )
+    request = msgspec.structs.replace(launch_request("e9", ["true"]), task=task)
+    with pytest.raises(LaunchError, match=r"base_commit .* is not a commit id"):
+        await launcher.launch(request)
+    work = launcher.episode_dir("e9") / "work"
+    branches = subprocess.run(
+        ["git", "-C", str(work), "branch", "--all"], capture_output=True, text=True, check=True
+    )
+    assert "x" not in branches.stdout.split() and "evil" not in branches.stdout
+    await launcher.close()

@@ -573,3 +573,14 @@ async def test_concurrent_gradings_cannot_write_into_each_other(
         assert (out / "probe.txt").read_text() == "[]"
     finally:
         shutil.rmtree(work)
+
+
+@pytest.mark.parametrize("base", ["--orphan=x", "-c core.pager=sh", "HEAD@{1}", "main; id"])
+async def test_a_base_commit_that_is_not_a_commit_id_never_reaches_git(
+    base: str, context: GradingContext
+) -> None:
+    row = {**linked_row("tests"), "base_commit": base}
+    task = TaskSpec(task_id="linked-1", kind="swe", prompt="fix", grader="swebench", instance=row)
+    grade = await SweBenchGrader(context).grade(task, FIX_LIB.encode())
+    assert grade.outcome == "infra-error"
+    assert "is not a commit id" in grade.details["reason"]

@@ -7,7 +7,10 @@ or leads out through a symlink would hand them any folder of the machine.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
+
+COMMIT_ID = re.compile(r"[0-9a-f]{7,40}")
 
 
 class TaskPathError(ValueError):
@@ -19,6 +22,21 @@ def check_relative(path: str) -> None:
     pure = PurePosixPath(path)
     if not path or pure.is_absolute() or Path(path).is_absolute() or ".." in pure.parts:
         raise TaskPathError(f"repo_path {path!r} must be a relative path in the task folder, without '..'")
+
+
+class BaseCommitError(ValueError):
+    """A task's base commit is not a commit id; the message says so."""
+
+
+def check_base_commit(value: str) -> str:
+    """`value` if it is a commit id (7 to 40 lowercase hex digits) or `HEAD`.
+
+    A base commit reaches `git checkout` and a pod's shell script: an option (`--orphan=x`), a
+    shell word or a revision expression is refused before either sees it.
+    """
+    if value != "HEAD" and not COMMIT_ID.fullmatch(value):
+        raise BaseCommitError(f"base_commit {value!r} is not a commit id (7 to 40 lowercase hex digits)")
+    return value
 
 
 def confined(root: Path, path: str) -> Path:

@@ -22,6 +22,7 @@ from harnessrl.controller.launchers.base import LaunchError, LaunchRequest
 from harnessrl.controller.launchers.policy import check_image, check_job_template
 from harnessrl.shared.contracts import LauncherSpec
 from harnessrl.shared.podpolicy import EPISODE_UID, git_safe_directory, harden_pod
+from harnessrl.shared.taskpaths import BaseCommitError, check_base_commit
 
 MANAGED_BY = "harnessrl-controller"
 RUN_LABEL = "harnessrl.io/run"
@@ -47,7 +48,6 @@ if [ -d .git ]; then
   git gc -q --prune=now
 fi
 """
-_COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
 def job_name(run: str, episode: str) -> str:
@@ -146,10 +146,10 @@ def _pod_spec(request: LaunchRequest, spec: LauncherSpec) -> dict[str, Any]:
 
 def _base(instance: dict[str, Any]) -> str:
     """The base commit to leave the workspace at (HEAD of the image's repository when unnamed)."""
-    base = str(instance.get("base_commit") or "HEAD")
-    if base != "HEAD" and not _COMMIT.fullmatch(base):
-        raise LaunchError(f"base_commit {base!r} is not a commit id (7 to 40 lowercase hex digits)")
-    return base
+    try:
+        return check_base_commit(str(instance.get("base_commit") or "HEAD"))
+    except BaseCommitError as exc:
+        raise LaunchError(str(exc)) from exc
 
 
 def _enforce(job: dict[str, Any], request: LaunchRequest, ttl_s: int) -> None:

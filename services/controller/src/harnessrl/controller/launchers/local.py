@@ -35,7 +35,7 @@ from harnessrl.controller.launchers.forkserver import ForkServer, ForkServerErro
 from harnessrl.controller.launchers.process import ProcessFacts, alive, process_facts
 from harnessrl.shared.log import get_logger
 from harnessrl.shared.process import signal_group
-from harnessrl.shared.taskpaths import confined
+from harnessrl.shared.taskpaths import check_base_commit, confined
 
 # Environment the harness must never inherit from the controller (bus and signing credentials).
 _PRIVATE_ENV_PREFIXES = ("HRL_", "NATS_")
@@ -175,7 +175,7 @@ class LocalLauncher(Launcher):
             shutil.copytree(source, workdir, symlinks=True, dirs_exist_ok=True)
             base = (request.task.instance or {}).get("base_commit")
             if base and (workdir / ".git").exists():
-                _checkout(workdir, str(base))
+                _checkout(workdir, check_base_commit(str(base)))
         workdir.mkdir(exist_ok=True)
         return workdir
 

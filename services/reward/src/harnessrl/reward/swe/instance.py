@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from harnessrl.reward.errors import RewardError
+from harnessrl.shared.taskpaths import BaseCommitError, check_base_commit
 
 
 class InstanceError(RewardError, ValueError):
@@ -46,7 +47,7 @@ class SweInstance(msgspec.Struct, frozen=True, kw_only=True):
             return cls(
                 instance_id=str(row["instance_id"]),
                 repo=str(row.get("repo", "")),
-                base_commit=str(row["base_commit"]),
+                base_commit=check_base_commit(str(row["base_commit"])),
                 test_patch=str(row["test_patch"]),
                 fail_to_pass=_test_list(row, "FAIL_TO_PASS"),
                 pass_to_pass=_test_list(row, "PASS_TO_PASS"),
@@ -61,6 +62,8 @@ class SweInstance(msgspec.Struct, frozen=True, kw_only=True):
             )
         except KeyError as exc:
             raise InstanceError(f"instance is missing {exc.args[0]!r}") from exc
+        except BaseCommitError as exc:
+            raise InstanceError(str(exc)) from exc
 
     def test_files(self, test_patch_paths: list[str]) -> list[str]:
         """The files pytest runs: the Python files the test patch touches."""
