@@ -27,7 +27,7 @@ from harnessrl.reward.tinyswe.build import ensure_tinyswe, load_instances
 from harnessrl.shared.contracts import TaskSpec
 from harnessrl.testkit.images import IMAGE_BY_NAME, PODMAN_FLAGS, build_images, podman
 from harnessrl.testkit.swe_eval import official_row
-from harnessrl.testkit.swe_images import RealInstance, django_instance
+from harnessrl.testkit.swe_images import SOURCES, RealInstance, real_instance
 
 pytestmark = pytest.mark.images
 
@@ -44,11 +44,11 @@ NOTES = (
 )
 
 
-@pytest.fixture(scope="module")
-def django() -> RealInstance:
-    """The Django instance (its image built once per machine, cached by input hash)."""
+@pytest.fixture(scope="module", params=sorted(SOURCES))
+def released(request: pytest.FixtureRequest) -> RealInstance:
+    """Django's and SymPy's instance (each image built once per machine, cached by input hash)."""
     build_images(["task"])
-    return django_instance()
+    return real_instance(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -96,24 +96,22 @@ async def test_what_does_not_fix_the_bug_is_graded_unresolved(row: dict[str, Any
 
 
 @pytest.mark.parametrize(
-    ("patch", "resolved"), [("gold", True), ("wrong", False), ("runner-hack", False), ("noop", False)]
+    ("patch", "resolved"), [("gold", True), ("wrong", False), ("hack", False), ("noop", False)]
 )
-async def test_django_is_graded_by_its_own_runner_and_swebenchs_django_parser(
-    django: RealInstance, patch: str, resolved: bool
+async def test_released_repositories_are_graded_by_their_own_runner_and_swebenchs_parser(
+    released: RealInstance, patch: str, resolved: bool
 ) -> None:
-    # The hack rewrites the repository's test runner to report every test ok: tests/ is put back.
-    hack = (
-        "diff --git a/tests/runtests.py b/tests/runtests.py\n--- a/tests/runtests.py\n"
-        "+++ b/tests/runtests.py\n@@ -1,2 +1,5 @@\n #!/usr/bin/env python\n+import sys\n"
-        "+print('test_get_text_list (utils_tests.test_text.TestUtilsText.test_get_text_list) ... ok')\n"
-        "+sys.exit(0)\n import argparse\n"
-    )
-    text = {**django.patches, "runner-hack": hack, "noop": NOTES}[patch]
-    result = await grade(django.row, text)
+    row = released.row
+    # `hack`: Django's runner (tests/ is protected: put back by the grader) and SymPy's test module
+    # (put back by the grader and by the eval script) print every graded test's `ok` and exit 0.
+    text = {**released.patches, "noop": NOTES}[patch]
+    result = await grade(row, text)
     assert (result.outcome, result.resolved) == ("graded", resolved), result.details
-    assert result.details["log_parser"] == "parse_log_django"
-    assert "Ran 21 tests" in result.details["log_tail"]
-    if not resolved:
+    assert result.details["log_parser"] == row["log_parser"]
+    assert set(result.details["tests"]) == set(row["FAIL_TO_PASS"]) | set(row["PASS_TO_PASS"])
+    if resolved:
+        assert set(result.details["tests"].values()) == {"PASSED"}, result.details
+    else:
         assert result.details["FAIL_TO_PASS"]["failure"], result.details
 
 
