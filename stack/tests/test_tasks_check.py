@@ -157,3 +157,18 @@ def test_a_read_that_cannot_happen_is_an_error_line(capsys: pytest.CaptureFixtur
     assert err.startswith("error: ") and "fit flavours swe-bench or swe-gym" in err
     code, _, err = check(capsys, DATA / "swe-bench.jsonl", "--split", "test")
     assert code == 1 and "a single file without split 'test' (available: none)" in err
+
+
+@pytest.mark.parametrize("base", ["--orphan=x", "main; id", "HEAD~1"])
+def test_a_base_commit_that_is_not_a_commit_id_is_a_problem(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, base: str
+) -> None:
+    rows = rows_of("swe-bench")
+    rows[1]["base_commit"] = base
+    code, lines, _ = check(capsys, write_jsonl(tmp_path / "sb.jsonl", rows), "--flavour", "swe-bench")
+    assert code == 1
+    assert lines[-1] == f"{len(rows)} rows, {len(rows) - 1} ok, 1 with problems"
+    assert lines[0] == (
+        f"{rows[1]['instance_id']}: base_commit {base!r} is not a commit id (7 to 40 lowercase hex digits): "
+        "no launcher or grader will check it out"
+    )

@@ -31,6 +31,7 @@ from typing import Any
 
 from harnessrl.controller.task_files import REPOSITORY_SOURCES, TaskFileError, TaskRow, read_task_rows
 from harnessrl.shared.contracts import DATASET_FLAVOURS, DatasetFlavour, DatasetSpec
+from harnessrl.shared.taskpaths import BaseCommitError, check_base_commit
 
 ParserLookup = Callable[[dict[str, Any]], str | None]
 
@@ -158,6 +159,11 @@ def row_problems(row: TaskRow, rules: CheckRules, parser: ParserLookup) -> list[
             problems.append(
                 f"lacks `{field}`, which the {rules.launcher} launcher copies the repository from"
             )
+    if instance.get("base_commit") is not None and not instance.get("ungradable"):
+        try:
+            check_base_commit(str(instance["base_commit"]))
+        except BaseCommitError as exc:
+            problems.append(f"{exc}: no launcher or grader will check it out")
     image = str(instance.get("image") or "")
     if image and rules.allowed_images and not image.startswith(rules.allowed_images):
         problems.append(f"image {image!r} is not under an allowed prefix ({', '.join(rules.allowed_images)})")
