@@ -27,7 +27,8 @@ from harnessrl.controller.task_files import (
     load_tasks,
     read_task_rows,
 )
-from harnessrl.shared.contracts import DatasetSpec, RunSpec, decode, encode
+from harnessrl.shared.contracts import RunSpec, decode, encode
+from harnessrl.shared.datasetspec import DatasetSpec
 from harnessrl.shared.runspec import RunSpecError, load_run_spec, parse_run_spec
 
 DATA = Path(__file__).parent / "data" / "datasets"

@@ -18,7 +18,8 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from harnessrl.shared.contracts import DatasetSpec, LauncherSpec, RunSpec
+from harnessrl.shared.contracts import LauncherSpec, RunSpec
+from harnessrl.shared.datasetspec import DatasetSpec
 
 # A run name becomes a subject token, a KV key part and a Kubernetes label value.
 _RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")

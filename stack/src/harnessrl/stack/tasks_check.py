@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harnessrl.controller.task_files import REPOSITORY_SOURCES, TaskFileError, TaskRow, read_task_rows
-from harnessrl.shared.contracts import DATASET_FLAVOURS, DatasetFlavour, DatasetSpec
+from harnessrl.shared.datasetspec import DATASET_FLAVOURS, DatasetFlavour, DatasetSpec
 from harnessrl.shared.taskpaths import BaseCommitError, check_base_commit
 
 ParserLookup = Callable[[dict[str, Any]], str | None]

@@ -23,7 +23,8 @@ import msgspec
 from harnessrl.controller.dataset_flavours import FLAVOURS, detect, mirrored, normalise
 from harnessrl.controller.datasets import SourceRow, read_source
 from harnessrl.controller.errors import TaskFileError
-from harnessrl.shared.contracts import DatasetSpec, TaskSpec
+from harnessrl.shared.contracts import TaskSpec
+from harnessrl.shared.datasetspec import DatasetSpec
 from harnessrl.shared.taskpaths import TaskPathError, check_relative
 
 __all__ = [
